@@ -1,0 +1,40 @@
+"""`fedlab-nb data fetch NAME`: the one explicit download, for a machine with internet.
+
+Everything else in fedlab_nb reads local files only; run this once where a network exists, then copy
+the folder (`$FEDLAB_NB_DATA`, default ~/.cache/fedlab_nb) to the offline machine.
+"""
+from __future__ import annotations
+
+import tarfile
+import urllib.request
+from pathlib import Path
+
+from .datasets import _data_root
+
+_IDX = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz"]
+SOURCES = {
+    "mnist": ("https://ossci-datasets.s3.amazonaws.com/mnist/", _IDX),
+    "fashion_mnist": ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/", _IDX),
+    "cifar10": ("https://www.cs.toronto.edu/~kriz/", ["cifar-10-python.tar.gz"]),
+}
+
+
+def fetch(name: str, root: str | None = None) -> Path:
+    """Download NAME's original files into `root/NAME` (skipping files already there) and return the folder."""
+    if name not in SOURCES:
+        raise ValueError(f"nothing to fetch for {name!r}: fetchable data sets are {', '.join(SOURCES)} "
+                         "(the others ship with installed packages)")
+    base, files = SOURCES[name]
+    folder = Path(root) if root else _data_root() / name
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        target = folder / f
+        if not target.exists():
+            tmp = target.with_suffix(target.suffix + ".part")
+            urllib.request.urlretrieve(base + f, tmp)
+            tmp.replace(target)
+        if f.endswith(".tar.gz"):
+            with tarfile.open(target) as tar:
+                tar.extractall(folder, filter="data")
+    return folder

@@ -1,0 +1,204 @@
+"""Partitioners: seeded pure functions from labels (or group keys) to one index array per client.
+
+All return a `Partition` (a list of sorted int64 numpy arrays). Impossible requests raise `ValueError`
+naming the parameter and the fix; nothing is silently truncated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class Partition(list):
+    """A list of per-client index arrays; `transforms` (optional) holds one feature transform per client."""
+
+    def __init__(self, parts, transforms=None, name: str = ""):
+        super().__init__(np.sort(np.asarray(p, dtype=np.int64)) for p in parts)
+        self.transforms = transforms
+        self.name = name
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.array([len(p) for p in self])
+
+
+def _check(labels, n_clients: int, min_size: int = 1) -> np.ndarray:
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ValueError(f"labels must be a 1-D array of class ids, got shape {labels.shape}")
+    if isinstance(n_clients, bool) or not isinstance(n_clients, (int, np.integer)) or n_clients < 1:
+        raise ValueError(f"n_clients must be a positive integer, got {n_clients!r}")
+    if min_size < 0:
+        raise ValueError(f"min_size must be >= 0, got {min_size}")
+    if n_clients * max(min_size, 1) > len(labels):
+        raise ValueError(f"n_clients={n_clients} × min_size={max(min_size, 1)} exceeds the {len(labels)} samples; "
+                         f"use at most {len(labels) // max(min_size, 1)} clients or a smaller min_size")
+    return labels
+
+
+def iid(labels, n_clients: int, seed: int = 0) -> Partition:
+    """Uniformly random, (almost) equal-sized shards: the IID baseline."""
+    labels = _check(labels, n_clients)
+    perm = np.random.default_rng(seed).permutation(len(labels))
+    return Partition(np.array_split(perm, n_clients), name="iid")
+
+
+def dirichlet(labels, n_clients: int, alpha: float, seed: int = 0, min_size: int = 10, max_tries: int = 100) -> Partition:
+    """Label skew of Hsu et al. (2019): for every class c, split its samples among clients with
+    proportions q_c ~ Dir(α·1). Small α → each client sees few classes. Redraws until every client has
+    `min_size` samples (the common recipe) and says so when that is impossible."""
+    if not np.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"alpha must be > 0 (smaller = more skewed, e.g. 0.1; large = near IID), got {alpha}")
+    labels = _check(labels, n_clients, min_size)
+    g = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    for _ in range(max_tries):
+        parts = [[] for _ in range(n_clients)]
+        for c in classes:
+            rows = g.permutation(np.flatnonzero(labels == c))
+            q = g.dirichlet(np.full(n_clients, alpha))
+            cuts = (np.cumsum(q)[:-1] * len(rows)).astype(int)
+            for k, chunk in enumerate(np.split(rows, cuts)):
+                parts[k].extend(chunk)
+        if min(len(p) for p in parts) >= min_size:
+            return Partition(parts, name=f"dirichlet({alpha})")
+    raise ValueError(f"dirichlet: after {max_tries} draws some client still had < min_size={min_size} samples "
+                     f"(alpha={alpha}, n_clients={n_clients}, {len(labels)} samples); lower min_size, raise alpha "
+                     f"or use fewer clients")
+
+
+def shards(labels, n_clients: int, shards_per_client: int = 2, seed: int = 0) -> Partition:
+    """McMahan et al. (2017)'s pathological non-IID split: sort by label, cut into
+    n_clients × shards_per_client equal shards, give each client `shards_per_client` random shards."""
+    labels = _check(labels, n_clients)
+    if shards_per_client < 1:
+        raise ValueError(f"shards_per_client must be >= 1, got {shards_per_client}")
+    n_shards = n_clients * shards_per_client
+    if n_shards > len(labels):
+        raise ValueError(f"shards: {n_shards} shards for {len(labels)} samples; lower n_clients or shards_per_client")
+    g = np.random.default_rng(seed)
+    order = np.argsort(labels, kind="stable")
+    pieces = np.array_split(order, n_shards)
+    owner = g.permutation(n_shards).reshape(n_clients, shards_per_client)
+    return Partition([np.concatenate([pieces[s] for s in row]) for row in owner], name=f"shards({shards_per_client})")
+
+
+def pathological(labels, n_clients: int, classes_per_client: int = 2, seed: int = 0) -> Partition:
+    """Each client holds exactly `classes_per_client` classes (assigned round-robin over a random class
+    order so every class is used); a class's samples are split evenly among the clients holding it."""
+    labels = _check(labels, n_clients)
+    classes = np.unique(labels)
+    k = classes_per_client
+    if not 1 <= k <= len(classes):
+        raise ValueError(f"classes_per_client={k} must be between 1 and the number of classes ({len(classes)})")
+    g = np.random.default_rng(seed)
+    order = g.permutation(classes)
+    held = [[order[(i * k + j) % len(classes)] for j in range(k)] for i in range(n_clients)]
+    holders = {c: [i for i in range(n_clients) if c in held[i]] for c in classes}
+    parts = [[] for _ in range(n_clients)]
+    for c, who in holders.items():
+        if not who:  # fewer client slots than classes: this class is unused, as in the original recipe
+            continue
+        rows = g.permutation(np.flatnonzero(labels == c))
+        if len(rows) < len(who):
+            raise ValueError(f"pathological: class {c} has {len(rows)} samples for {len(who)} clients; use fewer clients")
+        for i, chunk in zip(who, np.array_split(rows, len(who))):
+            parts[i].extend(chunk)
+    return Partition(parts, name=f"pathological({k})")
+
+
+def quantity_skew(labels, n_clients: int, kind: str = "lognormal", sigma: float = 1.0, alpha: float = 0.5,
+                  seed: int = 0, min_size: int = 10) -> Partition:
+    """Labels IID, sizes skewed: sizes ∝ LogNormal(0, σ) (`kind="lognormal"`) or ∝ Dir(α) (`kind="dirichlet"`),
+    with every client given at least `min_size` samples first."""
+    labels = _check(labels, n_clients, min_size)
+    g = np.random.default_rng(seed)
+    if kind == "lognormal":
+        if sigma < 0:
+            raise ValueError(f"sigma must be >= 0 (0 = equal sizes), got {sigma}")
+        share = g.lognormal(0.0, sigma, n_clients)
+    elif kind == "dirichlet":
+        if alpha <= 0:
+            raise ValueError(f"alpha must be > 0 for kind='dirichlet', got {alpha}")
+        share = g.dirichlet(np.full(n_clients, alpha))
+    else:
+        raise ValueError(f"kind must be 'lognormal' or 'dirichlet', got {kind!r}")
+    spare = len(labels) - n_clients * min_size
+    sizes = min_size + np.floor(share / share.sum() * spare).astype(int)
+    sizes[: len(labels) - sizes.sum()] += 1  # hand out the rounding remainder
+    perm = g.permutation(len(labels))
+    return Partition(np.split(perm, np.cumsum(sizes)[:-1]), name=f"quantity_skew({kind})")
+
+
+@dataclass(frozen=True)
+class FeatureTransform:
+    """A per-client change of the inputs: `kind` in {"noise", "rotation", "scale"}."""
+    kind: str
+    strength: float
+    seed: int
+
+    def __call__(self, x, input_shape):
+        import torch
+        g = torch.Generator().manual_seed(self.seed)
+        if self.kind == "noise":  # additive Gaussian noise, σ = strength (FedBN-style feature shift)
+            return x + self.strength * torch.randn(x.shape, generator=g)
+        if self.kind == "scale":  # contrast change: x · s, with s this client's factor
+            return x * self.strength
+        if self.kind == "rotation":  # images rotated by a client angle (degrees), like Rotated-MNIST
+            return _rotate(x, input_shape, self.strength)
+        raise ValueError(f"unknown feature transform {self.kind!r}")
+
+
+def _rotate(x, input_shape, degrees):
+    import torch
+    import torch.nn.functional as F
+    if len(input_shape) != 3:
+        raise ValueError("feature_skew(kind='rotation') needs image data (input_shape C×H×W)")
+    theta = torch.deg2rad(torch.tensor(float(degrees)))
+    c, s = torch.cos(theta), torch.sin(theta)
+    grid = F.affine_grid(torch.tensor([[c, -s, 0.0], [s, c, 0.0]]).unsqueeze(0).expand(len(x), 2, 3),
+                         (len(x), *input_shape), align_corners=False)
+    img = x.reshape(len(x), *input_shape)
+    return F.grid_sample(img, grid, align_corners=False).reshape(len(x), -1)
+
+
+def feature_skew(labels, n_clients: int, kind: str = "noise", strength: float = 0.5, seed: int = 0) -> Partition:
+    """IID labels and sizes, but client k's inputs are transformed: Gaussian noise with σ = strength·k/(K−1),
+    a scale factor spread over [1 − strength, 1 + strength], or a rotation spread over [0, strength] degrees."""
+    if kind not in ("noise", "rotation", "scale"):
+        raise ValueError(f"kind must be 'noise', 'rotation' or 'scale', got {kind!r}")
+    if strength < 0:
+        raise ValueError(f"strength must be >= 0, got {strength}")
+    parts = iid(labels, n_clients, seed)
+    pos = np.linspace(0, 1, n_clients) if n_clients > 1 else np.zeros(1)
+    amount = {"noise": strength * pos, "rotation": strength * pos, "scale": 1 + strength * (2 * pos - 1)}[kind]
+    transforms = [FeatureTransform(kind, float(a), seed * 100_003 + k) for k, a in enumerate(amount)]
+    return Partition(parts, transforms=transforms, name=f"feature_skew({kind})")
+
+
+def natural(groups, n_clients: int | None = None, min_size: int = 1) -> Partition:
+    """One client per value of a group key (writer, speaker, country, Synthetic's client id ...).
+    `n_clients` keeps the first n groups in sorted order of the key."""
+    groups = np.asarray(groups)
+    keys = np.unique(groups)
+    if n_clients is not None:
+        if n_clients > len(keys):
+            raise ValueError(f"n_clients={n_clients} exceeds the {len(keys)} natural groups; use at most {len(keys)}")
+        keys = keys[:n_clients]
+    parts = [np.flatnonzero(groups == key) for key in keys]
+    small = [str(k) for k, p in zip(keys, parts) if len(p) < min_size]
+    if small:
+        raise ValueError(f"natural: groups {', '.join(small[:5])} have < min_size={min_size} samples; lower min_size")
+    return Partition(parts, name="natural")
+
+
+PARTITIONERS = {"iid": iid, "dirichlet": dirichlet, "shards": shards, "pathological": pathological,
+                "quantity_skew": quantity_skew, "feature_skew": feature_skew, "natural": natural}
+
+
+def partition(name: str, labels, n_clients: int, **kwargs) -> Partition:
+    """Dispatch by name: `partition("dirichlet", y, 20, alpha=0.3, seed=0)`; `natural` takes the groups as labels."""
+    if name not in PARTITIONERS:
+        raise ValueError(f"unknown partition {name!r}; choose one of {', '.join(PARTITIONERS)}")
+    return PARTITIONERS[name](labels, n_clients, **kwargs)

@@ -1,0 +1,31 @@
+"""Small shared helpers: device choice and seeded random streams."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """`"auto"` picks CUDA, then MPS, then CPU; anything else is passed to `torch.device`."""
+    if device is None or str(device) == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} asked for CUDA, but torch sees no GPU; use device='cpu' or 'auto'")
+    return dev
+
+
+def rng(*keys: int) -> np.random.Generator:
+    """A numpy generator keyed by integers, e.g. rng(seed, round, client): the same keys give the same stream
+    on every backend and after a resume, so no generator state has to be checkpointed."""
+    return np.random.default_rng([int(k) for k in keys])
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
