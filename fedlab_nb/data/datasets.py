@@ -45,7 +45,7 @@ class Dataset:
 
 
 def _tensors(x, y):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32), torch.as_tensor(np.asarray(y), dtype=torch.int64)
+    return torch.tensor(np.asarray(x), dtype=torch.float32), torch.tensor(np.asarray(y), dtype=torch.int64)
 
 
 def _split(name, x, y, test_size, seed, input_shape, **meta) -> Dataset:

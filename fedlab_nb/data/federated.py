@@ -7,7 +7,7 @@ import torch
 
 from ..utils import resolve_device
 from .datasets import Dataset, load_dataset
-from .partition import Partition, partition as make_partition
+from .partition import Partition, make_partition
 
 
 class FederatedDataset:

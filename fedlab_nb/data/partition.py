@@ -197,8 +197,8 @@ PARTITIONERS = {"iid": iid, "dirichlet": dirichlet, "shards": shards, "pathologi
                 "quantity_skew": quantity_skew, "feature_skew": feature_skew, "natural": natural}
 
 
-def partition(name: str, labels, n_clients: int, **kwargs) -> Partition:
-    """Dispatch by name: `partition("dirichlet", y, 20, alpha=0.3, seed=0)`; `natural` takes the groups as labels."""
+def make_partition(name: str, labels, n_clients: int, **kwargs) -> Partition:
+    """Dispatch by name: `make_partition("dirichlet", y, 20, alpha=0.3, seed=0)`; `natural` takes the groups as labels."""
     if name not in PARTITIONERS:
         raise ValueError(f"unknown partition {name!r}; choose one of {', '.join(PARTITIONERS)}")
     return PARTITIONERS[name](labels, n_clients, **kwargs)

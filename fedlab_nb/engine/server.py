@@ -36,7 +36,7 @@ class NonFiniteUpdateError(FloatingPointError):
 @dataclass
 class RunConfig:
     rounds: int = 20
-    clients_per_round: int | float | None = 10
+    clients_per_round: int | float | None = None
     local_epochs: int = 1
     local_steps: int | None = None      # fixed number of local steps instead of epochs
     batch_size: int = 32
@@ -144,7 +144,7 @@ class _Evaluator:
 
 
 def simulate(method: Method | str, fed: FederatedDataset, model: str | torch.nn.Module = "mlp", *,
-             rounds: int = 20, clients_per_round=10, local_epochs: int = 1, local_steps: int | None = None,
+             rounds: int = 20, clients_per_round=None, local_epochs: int = 1, local_steps: int | None = None,
              batch_size: int = 32, lr: float = 0.05, seed: int = 0, eval_every: int = 1, stragglers: float = 0.0,
              backend: str = "auto", device=None, checkpoint: str | Path | None = None, resume: bool = False,
              progress: bool = True, on_nonfinite: str = "raise", attack: Callable | None = None,

@@ -1,0 +1,199 @@
+"""Vectorised clients (the `vmap` backend): the local SGD of `train_clients_loop`, for many clients in
+one batched computation with `torch.func`.
+
+The m clients' parameters are stacked into W ∈ R^{m×d}. At local step s every client k with τ_k > s takes
+
+    w_k ← w_k − η (∇f̂_k(w_k; B_k^s) + correction(w_k, θ, ctx_k)),
+
+where f̂_k(w; B) is the mean loss over the *real* rows of batch B: batches are padded to the largest one
+of the step and a 0/1 row mask removes the padding from the mean. A client whose schedule is shorter
+(fewer rows, a straggler) is frozen once its τ_k steps are done. Clients are sorted by τ_k (longest
+first), so the clients still active at step s are a prefix W[:a_s] and frozen ones cost nothing.
+No data is truncated; batches and their order are exactly the loop backend's.
+
+Memory: clients are processed in chunks sized from a budget (`MEMORY_BUDGET`, bytes; default 512 MiB
+on CPU, half the free memory on CUDA) and an estimate of one client's working set (a few copies of d
+parameters + its batch's saved activations, measured once with autograd's saved-tensor hooks).
+"""
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from ..models import param_spec, unflatten
+
+MEMORY_BUDGET: int | None = None      # bytes for one chunk's working set; None = device default
+CPU_BUDGET = 512 * 2**20
+CUDA_FREE_FRACTION = 0.5
+PARAM_COPIES = 6                      # w, new w, grad, grad + correction, temporaries: d floats each
+
+
+# --- the masked loss --------------------------------------------------------------------------------
+def make_masked_loss(model: nn.Module):
+    """loss(θ_flat, x [B, D], y [B], mask [B]) = Σ_i mask_i CE_i / Σ_i mask_i: the mean cross-entropy of
+    the real rows of a padded batch (0 when the batch is all padding)."""
+    spec = param_spec(model)
+
+    def loss(theta, x, y, mask):
+        per_row = F.cross_entropy(functional_call(model, unflatten(theta, spec), (x,)), y, reduction="none")
+        return (per_row * mask).sum() / mask.sum().clamp_min(1)
+    return loss
+
+
+def _model_in(loss_fn) -> nn.Module | None:
+    """The model behind a `make_loss(model)` closure (its `.model`, or the module among its cells)."""
+    model = getattr(loss_fn, "model", None)
+    if isinstance(model, nn.Module):
+        return model
+    for cell in getattr(loss_fn, "__closure__", None) or ():
+        try:
+            if isinstance(cell.cell_contents, nn.Module):
+                return cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    return None
+
+
+def masked_loss_from(loss_fn):
+    """The masked version of `loss_fn(θ, x, y)` (a mean over rows): its own `mask=` keyword if it has
+    one, else `make_masked_loss` of its model, else a row-by-row vmap of `loss_fn` (any row-mean loss)."""
+    if "mask" in inspect.signature(loss_fn).parameters:
+        return lambda theta, x, y, mask: loss_fn(theta, x, y, mask=mask)
+    model = _model_in(loss_fn)
+    if model is not None:
+        return make_masked_loss(model)
+
+    def loss(theta, x, y, mask):
+        per_row = vmap(lambda xi, yi: loss_fn(theta, xi[None], yi[None]))(x, y)
+        return (per_row * mask).sum() / mask.sum().clamp_min(1)
+    return loss
+
+
+# --- chunk sizing -----------------------------------------------------------------------------------
+def activation_bytes_per_row(loss_fn, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Bytes autograd saves for the backward pass per input row (saved tensors at 2 rows − at 1 row;
+    the parameters it saves cancel out)."""
+    def saved_bytes(rows: int) -> int:
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+        w = theta.detach().requires_grad_(True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss_fn(w, x[:rows], y[:rows])
+        return total
+    if len(y) < 2:
+        return saved_bytes(1)
+    return max(saved_bytes(2) - saved_bytes(1), 0)
+
+
+def memory_budget(device: torch.device) -> int:
+    """Bytes one chunk may use: `MEMORY_BUDGET` if set, else 512 MiB on CPU / half the free CUDA memory."""
+    if MEMORY_BUDGET is not None:
+        return int(MEMORY_BUDGET)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(CUDA_FREE_FRACTION * free)
+    return CPU_BUDGET
+
+
+def plan_chunks(cost: np.ndarray, budget: int) -> list[np.ndarray]:
+    """Cut positions 0..m−1 into consecutive chunks whose summed `cost` stays within `budget`
+    (at least one client per chunk)."""
+    chunks, start, used = [], 0, 0
+    for i, c in enumerate(cost):
+        if i > start and used + c > budget:
+            chunks.append(np.arange(start, i))
+            start, used = i, 0
+        used += c
+    chunks.append(np.arange(start, len(cost)))
+    return chunks
+
+
+# --- one chunk ----------------------------------------------------------------------------------------
+def padded_schedule(jobs, offsets: np.ndarray):
+    """(rows [S, c, B] int64 into the chunk's concatenated data, mask [S, c, B], steps τ [c]); padding
+    points at the client's first row and has mask 0."""
+    tau = np.array([len(j.batches) for j in jobs])
+    S = int(tau.max(initial=0))
+    B = max((len(b) for j in jobs for b in j.batches), default=1)
+    rows = np.repeat(offsets[None, :, None], S, 0).repeat(B, 2)
+    mask = np.zeros((S, len(jobs), B), dtype=np.float32)
+    for k, job in enumerate(jobs):
+        for s, idx in enumerate(job.batches):
+            rows[s, k, :len(idx)] = offsets[k] + np.asarray(idx)
+            mask[s, k, :len(idx)] = 1.0
+    return rows, mask, tau
+
+
+def _client_step(masked_loss, objective):
+    """One client's (update direction, batch loss); vmapped over the chunk."""
+    grad_loss = grad_and_value(masked_loss)
+
+    def step(w, x, y, mask, ctx, anchor):
+        g, loss = grad_loss(w, x, y, mask)
+        corr = objective.correction(w, anchor, ctx)
+        return (g if corr is None else g + corr), loss
+    return step
+
+
+def _train_chunk(step, theta, jobs, lr):
+    """Local SGD of `jobs` (sorted by τ, longest first) from θ; returns (W − θ [c, d], mean loss [c])."""
+    dev = theta.device
+    sizes = np.array([len(j.y) for j in jobs])
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    rows, mask, tau = padded_schedule(jobs, offsets)
+    active = [(tau > s).sum() for s in range(len(rows))]   # prefix length of still-training clients
+    x = torch.cat([j.x for j in jobs]).to(dev)
+    y = torch.cat([j.y for j in jobs]).to(dev)
+    rows, mask = torch.as_tensor(rows, device=dev), torch.as_tensor(mask, device=dev, dtype=theta.dtype)
+    with_ctx = jobs[0].ctx is not None
+    ctx = torch.stack([j.ctx for j in jobs]).to(dev) if with_ctx else None
+    batched = vmap(step, in_dims=(0, 0, 0, 0, 0 if with_ctx else None, None))
+    W = theta.unsqueeze(0).repeat(len(jobs), 1)
+    total = theta.new_zeros(len(jobs))
+    for s, a in enumerate(active):
+        idx = rows[s, :a]
+        upd, loss = batched(W[:a], x[idx], y[idx], mask[s, :a], ctx[:a] if with_ctx else None, theta)
+        W[:a] = W[:a] - lr * upd
+        total[:a] += loss.detach()
+    return W.sub_(theta), total / torch.as_tensor(tau, device=dev, dtype=theta.dtype)
+
+
+# --- the backend --------------------------------------------------------------------------------------
+def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, objective, *,
+                       budget: int | None = None, model: nn.Module | None = None):
+    """Same contract and result as `train_clients_loop`: every job's local SGD from θ, returned as
+    (Δ [m, d], mean local loss [m]), computed in memory-bounded chunks of vmapped clients.
+    `budget`: bytes per chunk (default `memory_budget`); `model`: gives the masked loss directly."""
+    if not jobs:
+        return theta.new_zeros(0, theta.numel()), theta.new_zeros(0)
+    if getattr(objective, "vmappable", True) is False:
+        raise ValueError(f"{type(objective).__name__} is not vmappable; use backend='loop'")
+    masked = make_masked_loss(model) if model is not None else masked_loss_from(loss_fn)
+    step = _client_step(masked, objective)
+    order = np.argsort([-len(j.batches) for j in jobs], kind="stable")
+    jobs_sorted = [jobs[i] for i in order]
+
+    j0 = jobs_sorted[0]
+    row_bytes = j0.x[:1].numel() * j0.x.element_size() + j0.y.element_size()
+    batch = max((len(b) for j in jobs for b in j.batches), default=1)
+    act = activation_bytes_per_row(loss_fn, theta, j0.x[:2].to(theta.device), j0.y[:2].to(theta.device))
+    per_param = theta.numel() * theta.element_size() * (PARAM_COPIES + (j0.ctx is not None))
+    cost = np.array([per_param + 2 * batch * (act + row_bytes) + len(j.y) * row_bytes for j in jobs_sorted])
+    chunks = plan_chunks(cost, budget if budget is not None else memory_budget(theta.device))
+
+    deltas = theta.new_empty(len(jobs), theta.numel())
+    losses = theta.new_empty(len(jobs))
+    for chunk in chunks:
+        d, l = _train_chunk(step, theta, [jobs_sorted[i] for i in chunk], lr)
+        where = torch.as_tensor(order[chunk], device=theta.device)
+        deltas[where], losses[where] = d, l
+    return deltas, losses

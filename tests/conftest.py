@@ -1,0 +1,19 @@
+import os
+
+# Small tensors: one thread is faster and steadier than two on a shared 2-core machine.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+import torch
+
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+
+@pytest.fixture(scope="session")
+def digits_fed():
+    import fedlab_nb as fl
+    return fl.federate("digits", "dirichlet", n_clients=8, alpha=0.5, seed=0, min_size=20)
