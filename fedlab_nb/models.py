@@ -82,13 +82,14 @@ def flatten_params(model: nn.Module) -> torch.Tensor:
 
 def unflatten(flat: torch.Tensor, spec) -> dict[str, torch.Tensor]:
     """Views of `flat` shaped as the model's parameters (differentiable; works under `vmap`)."""
+    total = sum(math.prod(shape) for _, shape in spec)
+    if total != flat.shape[-1]:
+        raise ValueError(f"flat vector has {flat.shape[-1]} entries but the model has {total} parameters")
     out, i = {}, 0
     for name, shape in spec:
         n = math.prod(shape)
         out[name] = flat[i:i + n].view(shape)
         i += n
-    if i != flat.shape[-1]:
-        raise ValueError(f"flat vector has {flat.shape[-1]} entries but the model has {i} parameters")
     return out
 
 

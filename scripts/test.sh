@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: unit tests, notebook claims (papermill, via `fedlab-nb reproduce`), nbval on every notebook.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MPLBACKEND=Agg PYTHONUNBUFFERED=1
+workers="${PYTEST_WORKERS:-$(nproc)}"
+# loadscope keeps every notebook's cells on one worker (nbval needs them in order, in one kernel).
+exec .venv/bin/python -m pytest -n "$workers" --dist loadscope -p no:cacheprovider \
+  --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks "$@"

@@ -1,0 +1,28 @@
+"""pip (pyproject.toml) and conda (environment.yml) must describe the same dependencies."""
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _norm(req: str) -> str:
+    return req.replace(" ", "").lower()
+
+
+def test_pip_and_conda_dependencies_match():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pip_side = set(map(_norm, project["dependencies"] + project["optional-dependencies"]["dev"]
+                       + project["optional-dependencies"]["notebooks"]))
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    conda_side = {_norm(r) for r in pip_section if not r.startswith("-e")}
+    assert pip_side == conda_side, f"only in pyproject: {pip_side - conda_side}; only in environment.yml: {conda_side - pip_side}"
+
+
+def test_torch_range_admits_the_cpu_wheel():
+    from packaging.specifiers import SpecifierSet
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_spec = next(d for d in deps if d.startswith("torch"))
+    assert "2.13.0" in SpecifierSet(torch_spec[len("torch"):])
