@@ -1,0 +1,27 @@
+"""Reproduction harness: record metrics in notebooks, check claims, run notebooks, build the report.
+
+Inside a notebook:   from fedlab_nb import repro
+                     repro.record("final_acc", acc); repro.save_figure(fig); repro.check_claims("fedau")
+From Python / CLI:   repro.reproduce("fedau", "smoke"); repro.build_report("results")
+"""
+from .claims import (ERROR, NOT_REPRODUCED, PARTIAL, REPRODUCED, ClaimsFileError, ReproError,
+                     UnknownPaperError, check_claims, claim_verdicts, load_claims, load_paper, paper_ids)
+from .expect import ExpectationError, parse_expectation
+from .recording import record, recorded, save_figure
+
+_LAZY = {  # papermill-based pieces load on first use, so `import repro` stays cheap inside a kernel
+    "run_notebook": "runner", "reproduce": "runner", "mismatches": "runner", "ParameterError": "runner",
+    "build_report": "report",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["record", "recorded", "save_figure", "check_claims", "claim_verdicts", "load_claims", "load_paper", "paper_ids",
+           "parse_expectation", "ClaimsFileError", "ExpectationError", "ReproError", "UnknownPaperError",
+           "REPRODUCED", "PARTIAL", "NOT_REPRODUCED", "ERROR", *_LAZY]

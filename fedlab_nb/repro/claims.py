@@ -1,0 +1,278 @@
+"""Claims files (`papers/<id>.yaml`): loading, validation, verdicts, and the notebook's `check_claims`.
+
+The format is documented in papers/SCHEMA.md. Verdict of one claim:
+`expect` holds -> reproduced; else `partial` holds -> partially reproduced; else not reproduced at this
+scale; a missing / NaN metric or a failed notebook -> error.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .expect import Expectation, ExpectationError, MetricError, metric_value, parse_expectation
+from .recording import recorded
+
+REPRODUCED = "reproduced"
+PARTIAL = "partially reproduced"
+NOT_REPRODUCED = "not reproduced at this scale"
+ERROR = "error"
+STORED_VERDICTS = (REPRODUCED, PARTIAL, NOT_REPRODUCED)
+
+ROOT_ENV = "FEDLAB_NB_ROOT"
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the repository holding fedlab_nb/, papers/, notebooks/
+
+
+class ReproError(Exception):
+    """A user-facing error of the reproduction harness; `exit_code` 2 = bad usage, 1 = failure."""
+
+    exit_code = 1
+
+
+class ClaimsFileError(ReproError, ValueError):
+    """A claims file is missing a field or has a field of the wrong shape."""
+
+
+class UnknownPaperError(ReproError, LookupError):
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    text: str
+    metric: str
+    expect: Expectation
+    partial: Expectation | None
+    paper_value: object
+    verdict: str            # stored verdict at smoke scale
+    note: str | None
+
+
+@dataclass(frozen=True)
+class Paper:
+    id: str
+    method: str
+    paper: dict
+    seed_quote: str
+    code: str | None
+    notebook: str           # relative to the repository root
+    scales: dict            # name -> {"device": str|None, "seconds": number|None, "parameters": dict}
+    claims: tuple
+    path: Path              # the claims file
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent.parent
+
+
+# ---------------------------------------------------------------------------------------------- paths
+def default_root() -> Path:
+    """The repository root: $FEDLAB_NB_ROOT if set, else the folder holding the fedlab_nb package."""
+    return Path(os.environ[ROOT_ENV]) if os.environ.get(ROOT_ENV) else PACKAGE_ROOT
+
+
+def paper_ids(root: Path | None = None) -> list[str]:
+    folder = Path(root or default_root()) / "papers"
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def claims_path(paper_id: str, root: Path | None = None) -> Path:
+    """Path of papers/<paper_id>.yaml; an unknown id raises UnknownPaperError with close matches."""
+    root = Path(root or default_root())
+    path = root / "papers" / f"{paper_id}.yaml"
+    if not path.is_file():
+        known = paper_ids(root)
+        close = difflib.get_close_matches(paper_id, known, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known papers: {', '.join(known) or 'none'}"
+        raise UnknownPaperError(f"unknown paper {paper_id!r} (no {path}); {hint}")
+    return path
+
+
+def find_claims_file(paper_id: str) -> Path:
+    """Used from inside a notebook: $FEDLAB_NB_ROOT, then the CWD and its parents, then the package's repo."""
+    candidates = [Path(os.environ[ROOT_ENV])] if os.environ.get(ROOT_ENV) else []
+    cwd = Path.cwd().resolve()
+    candidates += [cwd, *cwd.parents, PACKAGE_ROOT]
+    for root in candidates:
+        if (root / "papers" / f"{paper_id}.yaml").is_file():
+            return root / "papers" / f"{paper_id}.yaml"
+    return claims_path(paper_id, PACKAGE_ROOT)  # raises with suggestions
+
+
+# ---------------------------------------------------------------------------------------------- validation
+# the known fields of each mapping, in the order the schema lists them
+_TOP = ("id", "method", "paper", "seed_quote", "code", "notebook", "scales", "claims", "note")
+_PAPER = ("title", "authors", "venue", "year", "url")
+_SCALE = ("device", "seconds", "parameters", "note")
+_CLAIM = ("id", "text", "metric", "expect", "partial", "paper_value", "verdict", "note")
+_IDENT = re.compile(r"^[A-Za-z_]\w*$")
+
+
+class _Checker:
+    """Field access that raises ClaimsFileError naming the file, the field and what is expected."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, problem: str, expected: str):
+        raise ClaimsFileError(f"{self.path}: field '{where}' {problem}; expected {expected}")
+
+    def mapping(self, data, where: str, fields: tuple, optional: tuple = ()) -> dict:
+        if not isinstance(data, dict):
+            self.fail(where or "(top level)", f"is {type(data).__name__}", "a mapping")
+        for key in data:
+            if key not in fields:
+                self.fail(f"{where}.{key}" if where else key, "is not a known field", f"one of {', '.join(fields)}")
+        for key in fields:
+            if key not in data and key not in optional:
+                self.fail(f"{where}.{key}" if where else key, "is missing", "it to be present")
+        return data
+
+    def value(self, data: dict, key: str, where: str, types: tuple, expected: str, optional=False):
+        if key not in data or (optional and data[key] is None):
+            return None
+        value = data[key]
+        if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
+            self.fail(where, f"is {value!r}", expected)
+        return value
+
+    def expectation(self, text, where: str) -> Expectation:
+        try:
+            return parse_expectation(text)
+        except ExpectationError as e:
+            self.fail(where, f"cannot be parsed ({e})", "e.g. '< 1e-6', '> fedavg_acc + 0.02', "
+                      "'within 0.05 of 0.91', 'between 0.4 and 0.6'")
+
+
+def load_claims(path: Path | str) -> Paper:
+    """Read and validate one claims file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ClaimsFileError(f"{path}: not valid YAML ({e})") from None
+    except OSError as e:
+        raise ClaimsFileError(f"{path}: cannot be read ({e.strerror})") from None
+    c = _Checker(path)
+    c.mapping(data, "", _TOP, optional=("code", "note"))
+    pid = c.value(data, "id", "id", (str,), "a string")
+    if pid != path.stem:
+        c.fail("id", f"is {pid!r}", f"the file name without .yaml, {path.stem!r}")
+    text_fields = {k: c.value(data, k, k, (str,), "a non-empty string") for k in ("method", "seed_quote", "notebook")}
+    for key, value in text_fields.items():
+        if not value.strip():
+            c.fail(key, "is empty", "a non-empty string")
+    code = c.value(data, "code", "code", (str,), "a URL string or null", optional=True)
+
+    paper = c.mapping(data["paper"], "paper", _PAPER, optional=("url",))
+    for key in ("title", "authors", "venue"):
+        c.value(paper, key, f"paper.{key}", (str,), "a string")
+    c.value(paper, "year", "paper.year", (int,), "an integer year such as 2024")
+    c.value(paper, "url", "paper.url", (str,), "a URL string or null", optional=True)
+
+    scales = {}
+    if not isinstance(data["scales"], dict) or "smoke" not in data["scales"]:
+        c.fail("scales", "has no 'smoke' entry", "a mapping of scale names (at least 'smoke') to settings")
+    for name, entry in data["scales"].items():
+        where = f"scales.{name}"
+        entry = c.mapping({} if entry is None else entry, where, _SCALE, optional=_SCALE)
+        params = c.value(entry, "parameters", f"{where}.parameters", (dict,), "a mapping of notebook parameters",
+                         optional=True) or {}
+        for key in params:
+            if not isinstance(key, str) or not _IDENT.match(key):
+                c.fail(f"{where}.parameters", f"has key {key!r}", "Python identifiers as parameter names")
+        scales[str(name)] = {
+            "device": c.value(entry, "device", f"{where}.device", (str,), "a device string such as 'cpu'", True),
+            "seconds": c.value(entry, "seconds", f"{where}.seconds", (int, float), "a number of seconds", True),
+            "parameters": dict(params),
+        }
+
+    if not isinstance(data["claims"], list) or not data["claims"]:
+        c.fail("claims", "is empty or not a list", "a non-empty list of claims")
+    claims, seen = [], set()
+    for i, raw in enumerate(data["claims"]):
+        where = f"claims[{i}]"
+        entry = c.mapping(raw, where, _CLAIM, optional=("partial", "paper_value", "note"))
+        cid = c.value(entry, "id", f"{where}.id", (str,), "an identifier such as 'weight_invariance'")
+        if not _IDENT.match(cid) or cid in seen:
+            c.fail(f"{where}.id", f"is {cid!r}", "a unique identifier (letters, digits, _)")
+        seen.add(cid)
+        metric = c.value(entry, "metric", f"{where}.metric", (str,), "the name given to repro.record")
+        if not _IDENT.match(metric):
+            c.fail(f"{where}.metric", f"is {metric!r}", "an identifier (the name given to repro.record)")
+        verdict = c.value(entry, "verdict", f"{where}.verdict", (str,), " | ".join(STORED_VERDICTS))
+        if verdict not in STORED_VERDICTS:
+            c.fail(f"{where}.verdict", f"is {verdict!r}", " | ".join(STORED_VERDICTS))
+        note = c.value(entry, "note", f"{where}.note", (str,), "a string", optional=True)
+        if verdict != REPRODUCED and not (note or "").strip():
+            c.fail(f"{where}.note", f"is missing for verdict {verdict!r}", "what was tried, with numbers")
+        partial = entry.get("partial")
+        claims.append(Claim(
+            id=cid,
+            text=c.value(entry, "text", f"{where}.text", (str,), "one sentence"),
+            metric=metric,
+            expect=c.expectation(entry["expect"], f"{where}.expect"),
+            partial=None if partial is None else c.expectation(partial, f"{where}.partial"),
+            paper_value=c.value(entry, "paper_value", f"{where}.paper_value", (str, int, float),
+                                "a string or number (or null)", optional=True),
+            verdict=verdict,
+            note=note,
+        ))
+    return Paper(id=pid, method=text_fields["method"], paper=dict(paper), seed_quote=text_fields["seed_quote"],
+                 code=code, notebook=text_fields["notebook"], scales=scales, claims=tuple(claims), path=path)
+
+
+def load_paper(paper_id: str, root: Path | None = None) -> Paper:
+    return load_claims(claims_path(paper_id, root))
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+def judge(claim: Claim, metrics: dict) -> tuple[str, str | None]:
+    """(verdict, reason) of one claim against recorded metrics; reason is set for errors only."""
+    try:
+        value = metric_value(metrics, claim.metric)
+        if claim.expect.holds(value, metrics):
+            return REPRODUCED, None
+        if claim.partial is not None and claim.partial.holds(value, metrics):
+            return PARTIAL, None
+        return NOT_REPRODUCED, None
+    except MetricError as e:
+        return ERROR, str(e)
+
+
+def paper_verdict(verdicts: list[str]) -> str:
+    """Summary over claims: error if any errored, reproduced if all were, not reproduced if none was even
+    partially, else partially reproduced."""
+    if not verdicts or ERROR in verdicts:
+        return ERROR
+    if all(v == REPRODUCED for v in verdicts):
+        return REPRODUCED
+    if all(v == NOT_REPRODUCED for v in verdicts):
+        return NOT_REPRODUCED
+    return PARTIAL
+
+
+def claim_line(claim: Claim, verdict: str, reason: str | None = None) -> str:
+    """The stable line printed by check_claims: no measured numbers in it."""
+    label = f"ERROR ({reason})" if verdict == ERROR else verdict.upper()
+    return f"{claim.id} ({claim.metric} {claim.expect.text}): {label}"
+
+
+def claim_verdicts(paper_id: str, metrics: dict | None = None) -> list[tuple[Claim, str, str | None]]:
+    """(claim, verdict, reason) for each claim of papers/<paper_id>.yaml, against this session's metrics."""
+    paper = load_claims(find_claims_file(paper_id))
+    metrics = recorded() if metrics is None else metrics
+    return [(claim, *judge(claim, metrics)) for claim in paper.claims]
+
+
+def check_claims(paper_id: str, metrics: dict | None = None) -> None:
+    """Print one stable verdict line per claim of papers/<paper_id>.yaml; call it last in the claims cell.
+
+    Returns None so that Jupyter shows only the printed lines (nbval compares them)."""
+    for claim, verdict, reason in claim_verdicts(paper_id, metrics):
+        print(claim_line(claim, verdict, reason))

@@ -1,0 +1,187 @@
+"""Claim expectations: a tiny grammar, parsed by hand (no `eval`).
+
+    expect := CMP expr | 'within' TOL 'of' expr | 'between' expr 'and' expr
+    CMP    := '<' | '<=' | '>' | '>=' | '=='
+    expr   := term (('+' | '-') term)*
+    term   := atom ('*' atom)*
+    atom   := NUMBER | METRIC_NAME | 'true' | 'false' | "quoted string" | '-' atom | '(' expr ')'
+    TOL    := NUMBER ['%']          # '%' makes the tolerance relative to |X|
+
+Examples: `< 1e-6`, `> fedavg_acc + 0.02`, `< 0.5 * fedavg_dist`, `within 5% of 0.91`, `between 0.4 and 0.6`.
+Names on the right-hand side are other recorded metrics of the same run.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import dataclass, field
+
+_TOKEN = re.compile(r"""\s*(?:
+      (?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
+    | (?P<name>[A-Za-z_]\w*)
+    | (?P<str>"[^"]*"|'[^']*')
+    | (?P<op><=|>=|==|[<>+\-*%()])
+    )""", re.VERBOSE)
+
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+_KEYWORDS = {"within", "of", "between", "and", "true", "false"}
+
+
+class ExpectationError(ValueError):
+    """The expectation text does not follow the grammar above."""
+
+
+class MetricError(Exception):
+    """A metric the expectation needs was not recorded, or is NaN / infinite."""
+
+
+def _tokenize(text: str) -> list[tuple[str, str]]:
+    tokens, pos, text = [], 0, text.strip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise ExpectationError(f"cannot read {text[pos:]!r} in expectation {text!r}")
+        kind = m.lastgroup
+        tokens.append((kind, m.group(kind)))
+        pos = m.end()
+    return tokens
+
+
+class _Parser:
+    """Recursive descent over the token list; expressions become nested tuples."""
+
+    def __init__(self, text: str):
+        self.text, self.tokens, self.i = text, _tokenize(text), 0
+
+    def peek(self):
+        return self.tokens[self.i] if self.i < len(self.tokens) else (None, None)
+
+    def take(self, value: str | None = None):
+        kind, tok = self.peek()
+        if kind is None or (value is not None and tok != value):
+            want = f"{value!r}" if value else "more text"
+            raise ExpectationError(f"expected {want} in expectation {self.text!r}, got {tok or 'the end'!r}")
+        self.i += 1
+        return kind, tok
+
+    def expr(self):
+        node = self.term()
+        while self.peek()[1] in ("+", "-"):
+            node = (self.take()[1], node, self.term())
+        return node
+
+    def term(self):
+        node = self.atom()
+        while self.peek()[1] == "*":
+            self.take()
+            node = ("*", node, self.atom())
+        return node
+
+    def atom(self):
+        kind, tok = self.take()
+        if kind == "num":
+            return ("num", float(tok))
+        if kind == "str":
+            return ("num", tok[1:-1])  # a constant, compared with ==
+        if tok in ("true", "false"):
+            return ("num", tok == "true")
+        if kind == "name" and tok not in _KEYWORDS:
+            return ("metric", tok)
+        if tok == "-":
+            return ("*", ("num", -1.0), self.atom())
+        if tok == "(":
+            node = self.expr()
+            self.take(")")
+            return node
+        raise ExpectationError(f"expected a number or a metric name in expectation {self.text!r}, got {tok!r}")
+
+    def end(self):
+        if self.i != len(self.tokens):
+            raise ExpectationError(f"unexpected {self.tokens[self.i][1]!r} in expectation {self.text!r}")
+
+
+def _names(node) -> set[str]:
+    if node[0] == "metric":
+        return {node[1]}
+    if node[0] == "num":
+        return set()
+    return _names(node[1]) | _names(node[2])
+
+
+def _value(node, metrics: dict):
+    kind = node[0]
+    if kind == "num":
+        return node[1]
+    if kind == "metric":
+        return metric_value(metrics, node[1])
+    return _ARITH[kind](_value(node[1], metrics), _value(node[2], metrics))
+
+
+def metric_value(metrics: dict, name: str):
+    """The recorded value of `name`; MetricError when missing or stored as null (NaN / infinite)."""
+    if name not in metrics:
+        raise MetricError(f"metric {name} was not recorded")
+    value = metrics[name]
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        raise MetricError(f"metric {name} is NaN or infinite")
+    return value
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A parsed expectation; `holds(value, metrics)` tests a metric's value against it."""
+
+    text: str
+    kind: str                       # one of the comparison operators, 'within', 'between'
+    args: tuple                     # expression trees (and the tolerance for 'within')
+    names: frozenset = field(default=frozenset())  # other metrics it refers to
+
+    def holds(self, value, metrics: dict) -> bool:
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            raise MetricError("value is NaN or infinite")
+        try:
+            if self.kind in _COMPARE:
+                return bool(_COMPARE[self.kind](value, _value(self.args[0], metrics)))
+            if self.kind == "between":
+                low, high = (_value(a, metrics) for a in self.args)
+                return bool(low <= value <= high)
+            tol, relative, target = self.args  # 'within'
+            x = _value(target, metrics)
+            return bool(abs(value - x) <= (tol * abs(x) if relative else tol))
+        except TypeError as e:  # e.g. a string metric compared with '<'
+            raise MetricError(f"cannot evaluate {self.text!r} for value {value!r}: {e}") from None
+
+
+def parse_expectation(text: str) -> Expectation:
+    """Parse an expectation string; raises ExpectationError naming what is wrong."""
+    if not isinstance(text, str) or not text.strip():
+        raise ExpectationError(f"an expectation must be a non-empty string such as '< 0.5', got {text!r}")
+    p = _Parser(text)
+    kind, tok = p.peek()
+    if tok in _COMPARE:
+        p.take()
+        args = (p.expr(),)
+    elif tok == "between":
+        p.take()
+        low = p.expr()
+        p.take("and")
+        args = (low, p.expr())
+    elif tok == "within":
+        p.take()
+        k, num = p.take()
+        if k != "num":
+            raise ExpectationError(f"'within' needs a number tolerance in expectation {text!r}, got {num!r}")
+        relative = p.peek()[1] == "%"
+        if relative:
+            p.take()
+        p.take("of")
+        args = (float(num) / 100 if relative else float(num), relative, p.expr())
+        tok = "within"
+    else:
+        raise ExpectationError(
+            f"expectation {text!r} must start with <, <=, >, >=, ==, 'within' or 'between'")
+    p.end()
+    trees = [a for a in args if isinstance(a, tuple)]
+    return Expectation(text.strip(), tok, args, frozenset().union(*map(_names, trees)))

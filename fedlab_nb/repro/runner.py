@@ -1,0 +1,255 @@
+"""Run a paper's notebook with papermill and turn its recorded metrics into a result file.
+
+    run_notebook(id, scale)  -> executed notebook results/<id>-<scale>.ipynb, figures + metrics in
+                                results/<id>-<scale>/
+    reproduce(id, scale)     -> the above + claim verdicts in results/<id>-<scale>.json (skipped when a
+                                result with the same notebook, claims file and parameters already exists)
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import nbformat
+
+from .claims import (ERROR, ROOT_ENV, PACKAGE_ROOT, Paper, ReproError, default_root, judge, load_paper,
+                     paper_verdict)
+from .recording import METRICS_FILE, RUN_DIR_ENV, write_json_atomic
+
+KERNEL = "python3"
+_NO_DEFAULT = object()  # a parameter whose default is not a literal: any type accepted
+
+
+class ParameterError(ReproError, ValueError):
+    exit_code = 2
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+def notebook_parameters(notebook: Path) -> dict:
+    """Names and literal defaults assigned in the notebook's cell tagged `parameters`."""
+    nb = nbformat.read(str(notebook), as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        return {}
+    defaults = {}
+    for node in ast.parse(cells[0].source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for target in targets:
+            if isinstance(target, ast.Name):
+                try:
+                    defaults[target.id] = ast.literal_eval(node.value)
+                except (ValueError, TypeError, SyntaxError):
+                    defaults[target.id] = _NO_DEFAULT
+    return defaults
+
+
+def _literal(default):
+    return None if default is _NO_DEFAULT else default
+
+
+def _type_family(value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return type(value).__name__
+
+
+def check_parameters(parameters: dict, defaults: dict, notebook: Path) -> dict:
+    """Refuse unknown names and values whose type differs from the default's (an int for a float is fine)."""
+    checked = {}
+    for name, value in parameters.items():
+        if name not in defaults:
+            raise ParameterError(f"unknown parameter {name!r} for {notebook.name}; "
+                                 f"valid: {', '.join(sorted(defaults)) or 'none (no cell tagged parameters)'}")
+        default = defaults[name]
+        if default is _NO_DEFAULT or default is None or value is None:
+            checked[name] = value
+        elif isinstance(default, float) and _type_family(value) == "int":
+            checked[name] = float(value)
+        elif _type_family(value) != _type_family(default):
+            raise ParameterError(f"parameter {name!r} of {notebook.name} has type {_type_family(default)} "
+                                 f"(default {default!r}); got {_type_family(value)} {value!r}")
+        else:
+            checked[name] = value
+    return checked
+
+
+def build_parameters(paper: Paper, scale: str, overrides: dict | None, device: str | None) -> tuple[dict, dict]:
+    """(checked papermill parameters, notebook defaults) for one run."""
+    if scale not in paper.scales:
+        raise ParameterError(f"paper {paper.id!r} has no scale {scale!r}; scales: {', '.join(paper.scales)}")
+    notebook = notebook_path(paper)
+    defaults = notebook_parameters(notebook)
+    params = dict(paper.scales[scale]["parameters"])
+    params.update(overrides or {})
+    if "scale" in defaults:
+        params["scale"] = scale
+    if device is not None:
+        params["device"] = device
+    return check_parameters(params, defaults, notebook), defaults
+
+
+def notebook_path(paper: Paper) -> Path:
+    path = paper.root / paper.notebook
+    if not path.is_file():
+        raise ReproError(f"{paper.path}: notebook {paper.notebook!r} does not exist ({path})")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- running
+@contextlib.contextmanager
+def _environment(**values: str):
+    """Temporarily set environment variables; the kernel papermill starts inherits them."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _out_dir(out_dir, root: Path) -> Path:
+    if out_dir is None:
+        out_dir = os.environ.get("FEDLAB_NB_RESULTS") or root / "results"
+    return Path(out_dir)
+
+
+def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = None, device: str | None = None,
+                 out_dir=None, root=None) -> dict:
+    """Execute a paper's notebook; returns {notebook, run_dir, parameters, metrics, error, wall_seconds}.
+
+    A notebook that raises does not raise here: `error` holds the failing cell index, exception name and
+    message, and the executed notebook (with the traceback) is still saved."""
+    root = Path(root or default_root())
+    paper = load_paper(paper_id, root)
+    params, _ = build_parameters(paper, scale, parameters, device)
+    return _execute(paper, scale, params, _out_dir(out_dir, root))
+
+
+def _execute(paper: Paper, scale: str, params: dict, out_dir: Path) -> dict:
+    import papermill  # imported here: slow, and not needed inside notebooks
+
+    run_dir = out_dir / f"{paper.id}-{scale}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # a previous run's metrics and figures must not pass for this run's
+    for stale in [run_dir / METRICS_FILE, *run_dir.glob("*.png")]:
+        stale.unlink(missing_ok=True)
+    executed = out_dir / f"{paper.id}-{scale}.ipynb"
+    notebook = notebook_path(paper)
+    # the kernel must import the same fedlab_nb as we do, installed or not
+    pythonpath = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p)
+    error, start = None, time.perf_counter()
+    with _environment(**{RUN_DIR_ENV: str(run_dir.resolve()), ROOT_ENV: str(paper.root.resolve()),
+                         "PYTHONPATH": pythonpath}):
+        try:
+            papermill.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=KERNEL,
+                                       cwd=str(notebook.parent), progress_bar=False, log_output=False)
+        except papermill.PapermillExecutionError as e:
+            error = {"cell": e.cell_index, "execution_count": e.exec_count, "ename": e.ename,
+                     "evalue": str(e.evalue)}
+        except Exception as e:  # kernel died, kernel missing, unreadable notebook ...
+            error = {"cell": None, "execution_count": None, "ename": type(e).__name__, "evalue": str(e)}
+    metrics_file = run_dir / METRICS_FILE
+    metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+    return {"notebook": str(executed), "run_dir": str(run_dir), "parameters": params, "metrics": metrics,
+            "error": error, "wall_seconds": round(time.perf_counter() - start, 2)}
+
+
+# ---------------------------------------------------------------------------------------------- reproduce
+def content_hash(paper: Paper, params: dict) -> str:
+    """Changes when the notebook, the claims file or the parameters change."""
+    h = hashlib.sha256()
+    h.update(notebook_path(paper).read_bytes())
+    h.update(paper.path.read_bytes())
+    h.update(json.dumps(params, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def _versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for name in ("torch", "numpy", "papermill", "fedlab_nb"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = sys.modules[name].__dict__.get("__version__") if name in sys.modules else None
+    return versions
+
+
+def _git_commit(root: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def result_path(paper_id: str, scale: str, out_dir) -> Path:
+    return Path(out_dir) / f"{paper_id}-{scale}.json"
+
+
+def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, parameters: dict | None = None,
+              device: str | None = None, out_dir=None, root=None) -> dict:
+    """Run the notebook, check every claim, write results/<id>-<scale>.json and return it.
+
+    An up-to-date result (same hash, not an error) is returned as is with `skipped: True` unless `force`."""
+    root = Path(root or default_root())
+    out_dir = _out_dir(out_dir, root)
+    paper = load_paper(paper_id, root)
+    params, defaults = build_parameters(paper, scale, parameters, device)
+    digest = content_hash(paper, params)
+    path = result_path(paper.id, scale, out_dir)
+    if path.exists() and not force:
+        old = json.loads(path.read_text())
+        if old.get("hash") == digest and old.get("verdict") != ERROR:
+            return {**old, "skipped": True}
+
+    run = _execute(paper, scale, params, out_dir)
+    rows = []
+    for claim in paper.claims:
+        if run["error"]:
+            verdict, reason = ERROR, f"notebook failed in cell {run['error']['cell']}: {run['error']['ename']}"
+        else:
+            verdict, reason = judge(claim, run["metrics"])
+        rows.append({"id": claim.id, "text": claim.text, "metric": claim.metric, "expect": claim.expect.text,
+                     "partial": claim.partial.text if claim.partial else None, "paper_value": claim.paper_value,
+                     "ours": run["metrics"].get(claim.metric), "verdict": verdict, "reason": reason,
+                     "stored_verdict": claim.verdict})
+    run_dir = Path(run["run_dir"])
+    result = {
+        "paper": paper.id, "method": paper.method, "title": paper.paper.get("title"), "scale": scale,
+        "verdict": ERROR if run["error"] else paper_verdict([r["verdict"] for r in rows]),
+        "claims": rows, "metrics": run["metrics"], "error": run["error"],
+        "notebook": os.path.relpath(run["notebook"], out_dir),
+        "figures": sorted(os.path.relpath(p, out_dir) for p in run_dir.glob("*.png")),
+        "parameters": params,
+        "device": params.get("device", _literal(defaults.get("device"))),
+        "seed": params.get("seed", _literal(defaults.get("seed"))),
+        "versions": _versions(), "git_commit": _git_commit(root),
+        "wall_seconds": run["wall_seconds"], "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "hash": digest,
+    }
+    result = json.loads(json.dumps(result, default=str))  # e.g. a tuple parameter -> list
+    write_json_atomic(path, result)
+    return result
+
+
+def mismatches(result: dict) -> list[str]:
+    """Claims whose verdict differs from the verdict stored in the claims file (meaningful at smoke scale)."""
+    return [f"{r['id']}: got {r['verdict']!r}, claims file says {r['stored_verdict']!r}"
+            + (f" ({r['reason']})" if r.get("reason") else "")
+            for r in result["claims"] if r["verdict"] != r["stored_verdict"]]

@@ -1,0 +1,147 @@
+"""`fedlab-nb` command line: exit codes, one-line errors, and the list / run / reproduce / report / data
+commands on a temporary copy of the fixture repository (tests/data/tinyroot)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedlab_nb.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = Path(__file__).parent / "data" / "tinyroot"
+
+
+def make_root(tmp_path: Path, edit=None) -> Path:
+    """A copy of the fixture repository (papers/ + notebooks/); `edit` may change the claims dict."""
+    root = tmp_path / "root"
+    shutil.copytree(FIXTURE, root)
+    if edit is not None:
+        add_paper(root, "tiny", edit)
+    return root
+
+
+def add_paper(root: Path, name: str, edit) -> None:
+    """Write papers/<name>.yaml: the fixture's claims file changed by `edit`."""
+    data = yaml.safe_load((FIXTURE / "papers" / "tiny.yaml").read_text())
+    data["id"] = name
+    edit(data)
+    (root / "papers" / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@pytest.fixture
+def repo(tmp_path):
+    root = make_root(tmp_path)
+    return root, ["--root", str(root), "--results", str(tmp_path / "results")], tmp_path / "results"
+
+
+def test_list_shows_papers_and_claims(repo, capsys):
+    _, args, _ = repo
+    assert main(args + ["list"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny — Tiny — harness fixture (4 claims; last: not run yet)" in out
+    assert "  value_large (value > 0.9): stored partially reproduced" in out
+    assert main(["list", *args]) == 0  # --root / --results also accepted after the command
+    assert capsys.readouterr().out == out
+
+
+def test_list_reports_invalid_claims_file(repo, capsys):
+    root, args, _ = repo
+    (root / "papers" / "bad.yaml").write_text("id: bad\n")
+    assert main(args + ["list"]) == 1
+    captured = capsys.readouterr()
+    assert "bad: INVALID:" in captured.err and "field 'method' is missing" in captured.err
+    assert "tiny — " in captured.out  # the valid paper is still listed
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["reproduce"], "give paper ids or --all"),
+    (["reproduce", "tiny", "--all"], "give paper ids or --all"),
+    (["reproduce", "tinny"], "did you mean tiny?"),
+    (["run", "tiny", "-p", "alpha", "0.1"], "unknown parameter 'alpha'"),
+    (["run", "tiny", "-p", "n_points", "2.5"], "got float 2.5"),
+    (["run", "tiny", "--scale", "huge"], "no scale 'huge'"),
+])
+def test_usage_errors_are_one_line_exit_2(repo, capsys, argv, message):
+    _, args, results = repo
+    assert main(args + argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not results.exists()
+
+
+@pytest.mark.notebook
+def test_run_with_parameters(repo, capsys):
+    _, args, results = repo
+    assert main(args + ["run", "tiny", "-p", "value", "20", "-p", "n_points", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "value = 20.0" in out and "double = 40.0" in out
+    assert "value_huge (value >= 10): REPRODUCED" in out
+    assert (results / "tiny-smoke.ipynb").is_file() and not (results / "tiny-smoke.json").exists()
+
+
+@pytest.mark.notebook
+def test_reproduce_all_report_and_list(repo, capsys):
+    root, args, results = repo
+    add_paper(root, "broken", lambda d: d["scales"]["smoke"].update(parameters={"fail": True}))
+    assert main(args + ["reproduce", "--all"]) == 1  # broken fails; tiny is still reproduced
+    captured = capsys.readouterr()
+    assert "tiny (smoke): PARTIALLY REPRODUCED" in captured.out
+    assert "broken (smoke): ERROR" in captured.out and "RuntimeError: asked to fail" in captured.err
+    assert json.loads((results / "tiny-smoke.json").read_text())["verdict"] == "partially reproduced"
+    assert json.loads((results / "broken-smoke.json").read_text())["verdict"] == "error"
+
+    assert main(args + ["reproduce", "tiny"]) == 0
+    assert "[up to date]" in capsys.readouterr().out
+
+    assert main(args + ["report"]) == 0
+    out = capsys.readouterr().out
+    assert "| Paper | Scale | Claim | Paper's number | Ours | Expectation | Verdict |" in out
+    assert "| tiny | smoke | value_positive | — | 0.5 | > 0 | reproduced |" in out
+    assert (results / "index.html").is_file() and (results / "REPORT.md").is_file()
+
+    assert main(args + ["list"]) == 0
+    assert "tiny — Tiny — harness fixture (4 claims; last: smoke: partially reproduced)" in capsys.readouterr().out
+
+
+@pytest.mark.notebook
+def test_reproduce_fails_when_a_claim_differs_from_its_stored_verdict(tmp_path, capsys):
+    def falsify(data):
+        data["claims"][1]["expect"] = "within 1e-9 of 3 * value"  # false: double is 2 * value
+    root = make_root(tmp_path, falsify)
+    assert main(["--root", str(root), "--results", str(tmp_path / "results"), "reproduce", "tiny"]) == 1
+    assert "MISMATCH double_is_twice: got 'not reproduced at this scale'" in capsys.readouterr().err
+
+
+def test_data_lists_datasets(capsys):
+    pytest.importorskip("fedlab_nb.data.datasets")
+    assert main(["data"]) == 0
+    assert "available" in capsys.readouterr().out
+
+
+def test_data_fetch_unknown_name_is_a_usage_error(capsys):
+    pytest.importorskip("fedlab_nb.data.fetch")
+    assert main(["data", "fetch", "digits"]) == 2  # ships with scikit-learn: nothing to download
+    assert "nothing to fetch for 'digits'" in capsys.readouterr().err
+
+
+def test_module_entry_point():
+    run = subprocess.run([sys.executable, "-m", "fedlab_nb.cli", "--help"], capture_output=True, text=True,
+                         cwd=REPO, timeout=60)
+    assert run.returncode == 0 and "reproduce" in run.stdout
+    run = subprocess.run([sys.executable, "-m", "fedlab_nb.cli", "frobnicate"], capture_output=True, text=True,
+                         cwd=REPO, timeout=60)
+    assert run.returncode == 2 and "invalid choice" in run.stderr
+
+
+def test_parameter_values_are_yaml():
+    from fedlab_nb.cli import _parse_parameters
+    assert _parse_parameters([["alpha", "0.1"], ["n", "3"], ["iid", "true"], ["name", "digits"],
+                              ["sizes", "[1, 2]"]]) == {"alpha": 0.1, "n": 3, "iid": True, "name": "digits",
+                                                        "sizes": [1, 2]}
+    assert yaml.safe_load("0.1") == 0.1

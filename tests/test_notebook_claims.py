@@ -1,0 +1,33 @@
+"""Every papers/*.yaml: run its notebook at smoke scale (the code path of `fedlab-nb reproduce --all
+--scale smoke`) and require each claim's verdict to equal the verdict stored in the claims file.
+
+Papers come from the repository (or $FEDLAB_NB_ROOT). Results go to a temporary folder, or to
+$FEDLAB_NB_RESULTS when set (then up-to-date results are reused).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fedlab_nb.repro.claims import default_root, load_paper, paper_ids
+from fedlab_nb.repro.runner import mismatches, reproduce
+
+pytestmark = pytest.mark.notebook
+ROOT = default_root()  # the repository, or $FEDLAB_NB_ROOT
+
+
+@pytest.fixture(scope="session")
+def results_dir(tmp_path_factory) -> Path:
+    return Path(os.environ.get("FEDLAB_NB_RESULTS") or tmp_path_factory.mktemp("results"))
+
+
+@pytest.mark.parametrize("paper_id", paper_ids(ROOT))
+def test_claims_match_stored_verdicts(paper_id, results_dir):
+    paper = load_paper(paper_id, ROOT)  # a malformed claims file fails here, naming the field
+    result = reproduce(paper_id, "smoke", root=ROOT, out_dir=results_dir)
+    error = result["error"]
+    assert error is None, (f"{paper.notebook} failed in cell {error['cell']}: {error['ename']}: {error['evalue']} "
+                           f"(executed notebook: {results_dir / result['notebook']})")
+    assert not mismatches(result), "\n".join(mismatches(result))
