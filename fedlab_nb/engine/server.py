@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +21,7 @@ from ..methods import Method, RoundInfo, get_method
 from torch.func import functional_call
 
 from ..models import flatten_params, make_model, param_spec, unflatten
-from ..utils import check_positive_int, resolve_device, rng
+from ..utils import check_positive_int, rng
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .history import History
 from .sampling import make_sampler
@@ -78,20 +78,25 @@ def _save_atomic(obj, path: Path):
     os.replace(tmp, path)  # a kill mid-write leaves the previous checkpoint intact
 
 
+def local_job(fed: FederatedDataset, k: int, cfg: RunConfig, rnd: int, ctx: torch.Tensor | None) -> LocalJob:
+    """Client k's work in round `rnd`: its data and its batch schedule keyed by (seed, BATCHES, rnd, k);
+    a straggler (`cfg.stragglers`) does only a random prefix of it (systems heterogeneity)."""
+    x, y = fed.client_train[k]
+    g = rng(cfg.seed, BATCHES, rnd, k)
+    batches = batch_schedule(len(y), cfg.batch_size, cfg.local_epochs, cfg.local_steps, g)
+    if cfg.stragglers and k in _stragglers(fed.num_clients, cfg, rnd):
+        batches = batches[: int(g.integers(1, len(batches) + 1))]
+    return LocalJob(int(k), x, y, batches, ctx)
+
+
+def _stragglers(num_clients: int, cfg: RunConfig, rnd: int) -> set:
+    """The clients that straggle in round `rnd`: a fixed fraction of all clients, keyed by (seed, round)."""
+    g = rng(cfg.seed, STRAGGLE, rnd)
+    return set(g.choice(num_clients, int(round(cfg.stragglers * num_clients)), replace=False).tolist())
+
+
 def _local_jobs(fed, client_ids, cfg: RunConfig, rnd: int, ctx) -> list[LocalJob]:
-    straggling = set()
-    if cfg.stragglers:
-        g = rng(cfg.seed, STRAGGLE, rnd)
-        straggling = set(g.choice(client_ids, int(round(cfg.stragglers * len(client_ids))), replace=False).tolist())
-    jobs = []
-    for i, k in enumerate(client_ids):
-        x, y = fed.client_train[k]
-        g = rng(cfg.seed, BATCHES, rnd, k)
-        batches = batch_schedule(len(y), cfg.batch_size, cfg.local_epochs, cfg.local_steps, g)
-        if k in straggling:  # systems heterogeneity: only a random prefix of the work gets done
-            batches = batches[: int(g.integers(1, len(batches) + 1))]
-        jobs.append(LocalJob(int(k), x, y, batches, None if ctx is None else ctx[i]))
-    return jobs
+    return [local_job(fed, k, cfg, rnd, None if ctx is None else ctx[i]) for i, k in enumerate(client_ids)]
 
 
 def _pick_backend(cfg: RunConfig, method: Method):
@@ -121,7 +126,7 @@ def evaluate(model: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor, y: to
     return float(sum(losses) / len(y)), float(correct.float().mean()), correct
 
 
-class _Evaluator:
+class Evaluator:
     """Global test metrics plus the distribution of per-client local-test accuracy, in one pass each."""
 
     def __init__(self, model, fed: FederatedDataset):
@@ -173,7 +178,7 @@ def simulate(method: Method | str, fed: FederatedDataset, model: str | torch.nn.
     K = fed.num_clients
     sampler = make_sampler(clients_per_round, K)
     train_clients = _pick_backend(cfg, method)
-    loss_fn, evaluator = make_loss(model), _Evaluator(model, fed)
+    loss_fn, evaluator = make_loss(model), Evaluator(model, fed)
     byz = torch.zeros(K, dtype=torch.bool, device=dev)
     byz[list(cfg.byzantine)] = True
 
@@ -225,21 +230,29 @@ def _round(method, state, theta, fed, ids, cfg: RunConfig, r: int, loss_fn, trai
     if attack is not None and byz[ids_t].any():
         gen = torch.Generator(device="cpu").manual_seed(int(rng(cfg.seed, ATTACK, r).integers(2**62)))
         deltas = attack(deltas, byz[ids_t], gen)
+    sizes = torch.tensor([float(len(j.y)) for j in jobs], device=theta.device)
+    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=theta.device)
+    info = RoundInfo(r, np.asarray(ids), sizes, steps, fed.num_clients, cfg.lr)
+    return server_update(method, state, theta, info, deltas, losses, cfg.on_nonfinite)
+
+
+def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundInfo, deltas: torch.Tensor,
+                  losses: torch.Tensor, on_nonfinite: str = "raise"):
+    """The server half of a round — non-finite check, objective bookkeeping, aggregation, server step;
+    returns (θ, state, size-weighted train loss). Shared with the Flower strategy."""
     keep = torch.isfinite(deltas).all(1)
     if not keep.all():
-        bad = [int(k) for k in ids[~keep.cpu().numpy()]]
-        if cfg.on_nonfinite == "raise":
-            raise NonFiniteUpdateError(f"round {r + 1}: client(s) {bad} returned a non-finite update (NaN/inf). "
-                                       f"Lower lr (now {cfg.lr}), check the data, or pass on_nonfinite='drop' "
+        bad = [int(k) for k in info.client_ids[~keep.cpu().numpy()]]
+        if on_nonfinite == "raise":
+            raise NonFiniteUpdateError(f"round {info.round + 1}: client(s) {bad} returned a non-finite update (NaN/inf). "
+                                       f"Lower lr (now {info.lr}), check the data, or pass on_nonfinite='drop' "
                                        "to drop such updates")
         if not keep.any():
             return theta, state, float("nan")
-        ids, deltas, losses, jobs = ids[keep.cpu().numpy()], deltas[keep], losses[keep], [j for j, k in zip(jobs, keep) if k]
-    sizes = torch.tensor([float(len(j.y)) for j in jobs], device=theta.device)
-    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=theta.device)
-    info = RoundInfo(r, ids, sizes, steps, fed.num_clients, cfg.lr)
+        k = keep.cpu().numpy()
+        info = replace(info, client_ids=info.client_ids[k], sizes=info.sizes[keep], steps=info.steps[keep])
+        deltas, losses = deltas[keep], losses[keep]
     deltas, state["objective"] = method.objective.after_local(state["objective"], deltas, info)
     agg, state = method.aggregate(state, deltas, info)
     theta, state = method.server_step(state, theta, agg)
-    train_loss = float((sizes @ losses) / sizes.sum())
-    return theta, state, train_loss
+    return theta, state, float((info.sizes @ losses) / info.sizes.sum())

@@ -25,3 +25,7 @@ def get_method(name: str | Method, **kwargs) -> Method:
         raise ValueError(f"unknown method {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                          + f"; available: {', '.join(METHODS)}")
     return METHODS[name](**kwargs)
+
+__all__ = ["DataSizeWeighting", "LocalObjective", "Method", "RoundInfo", "ServerSGD", "UniformWeighting", "weighted_mean",
+           "fedavg", "fedavgm", "fednova", "step_normalisation", "ServerAdaptive", "fedadagrad", "fedadam", "fedyogi",
+           "ProximalObjective", "fedprox", "ControlVariateObjective", "scaffold", "METHODS", "get_method"]

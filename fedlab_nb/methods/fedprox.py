@@ -22,4 +22,4 @@ class ProximalObjective(LocalObjective):
 
 
 def fedprox(mu: float = 0.01, server_lr: float = 1.0) -> Method:
-    return Method(f"fedprox", ProximalObjective(mu), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr))
+    return Method("fedprox", ProximalObjective(mu), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr))

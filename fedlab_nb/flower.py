@@ -1,0 +1,335 @@
+"""Run any fedlab_nb `Method` on Flower (flwr 1.42, Message API), unchanged.
+
+    ServerApp ─ MethodStrategy ── θ, shared objective state (SCAFFOLD: c) ──► sampled SuperNodes
+        ▲   sample with rng(seed, 1, r)                                        │ ClientApp: the engine's
+        │                                                                      │ local SGD on one LocalJob
+        └─ after_local → aggregate → server_step → evaluate ◄── Δ_k, n_k, τ_k, old c_k ┘
+
+The strategy calls the same `Method` functions as `fedlab_nb.simulate`, and each ClientApp runs the
+engine's `train_clients_loop` on one `LocalJob` whose mini-batches come from rng(seed, 2, r, k), as in
+`server._local_jobs`. So one seed gives the same History in-process and on Flower.
+
+Where state lives: entries of the objective's state that are dicts `{client id: tensor}` (SCAFFOLD's
+c_k) are kept by each ClientApp in `context.state`; the server sees a client's old entry only while it
+aggregates that client's update, then drops it. Tensors (SCAFFOLD's c) and the weighting, rule and
+server-optimiser state stay in the strategy.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Callable
+
+import numpy as np
+import torch
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # no network calls from a classroom or CI machine
+try:
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import Strategy
+except ImportError:
+    raise ImportError('fedlab_nb.flower needs Flower: pip install "fedlab_nb[flower]"') from None
+
+from .data.federated import FederatedDataset
+from .engine.client import make_loss, train_clients_loop
+from .engine.history import History
+from .engine.sampling import make_sampler
+from .engine.server import SAMPLE, Evaluator, RunConfig, local_job, server_update
+from .methods import Method, RoundInfo, get_method
+from .models import flatten_params, make_model
+from .utils import rng
+
+__all__ = ["to_flower", "run_on_flower", "MethodStrategy", "local_job", "server_update"]
+
+STATE_KEY = "fedlab-client-state"   # the ClientApp's context.state record holding its per-client entries
+log = logging.getLogger("flwr")
+
+
+# --- tensors <-> Flower records ----------------------------------------------------------------------
+def _to_array(t: torch.Tensor) -> Array:
+    return Array(np.ascontiguousarray(t.detach().cpu().numpy()))
+
+
+def _to_tensor(a: Array, device) -> torch.Tensor:
+    return torch.from_numpy(a.numpy().copy()).to(device)
+
+
+def _split_objective_state(state: dict, method_name: str) -> tuple[dict, list[str]]:
+    """(tensors the server broadcasts, names of per-client tables the clients keep)."""
+    shared, tables = {}, []
+    for name, value in state.items():
+        if isinstance(value, dict):
+            tables.append(name)
+        elif isinstance(value, torch.Tensor):
+            shared[name] = value
+        else:
+            raise ValueError(f"method {method_name!r}: objective state entry {name!r} is a {type(value).__name__}; "
+                             "on Flower it must be a tensor (shared) or a dict {client id: tensor} (kept by clients)")
+    return shared, tables
+
+
+# --- what both apps are built from -------------------------------------------------------------------
+@dataclass
+class _Setup:
+    method: Method
+    fed: FederatedDataset
+    model: torch.nn.Module
+    cfg: RunConfig
+    sampler: Callable
+    theta0: torch.Tensor
+
+    @property
+    def num_clients(self) -> int:
+        return self.fed.num_clients
+
+
+def _check_method(method) -> Method:
+    if isinstance(method, str):
+        return get_method(method)
+    if not isinstance(method, Method):
+        raise ValueError(f"method must be a fedlab_nb Method (or its name), got {type(method).__name__}: only "
+                         "round-based methods run on Flower; closed-form one-shot methods (e.g. AFL) do not")
+    if getattr(method, "flower_compatible", True) is False:
+        raise ValueError(f"method {method.name!r} is flagged flower_compatible=False: it is not a sequence of "
+                         "client-update / server-aggregate rounds, so it cannot run as a Flower strategy")
+    return method
+
+
+def _setup(method, fed, model="mlp", *, rounds=20, clients_per_round=10, local_epochs=1, local_steps=None,
+           batch_size=32, lr=0.05, seed=0, eval_every=1, model_kwargs=None) -> _Setup:
+    method = _check_method(method)
+    if not isinstance(fed, FederatedDataset):
+        raise TypeError(f"fed must be a FederatedDataset (fedlab_nb.federate(...)), got {type(fed).__name__}")
+    cfg = RunConfig(rounds, None if callable(clients_per_round) else clients_per_round, local_epochs, local_steps,
+                    batch_size, lr, seed, eval_every)
+    cfg.validate()
+    if isinstance(model, str):
+        with torch.random.fork_rng(devices=[]):  # the same θ₀ as simulate(..., seed=seed)
+            torch.manual_seed(seed)
+            model = make_model(model, fed.input_shape, fed.num_classes, **(model_kwargs or {}))
+    model = model.to(fed.device)
+    theta0 = flatten_params(model).to(fed.device)
+    _split_objective_state(method.objective.init_state(theta0, fed.num_clients), method.name)  # fail early
+    return _Setup(method, fed, model, cfg, make_sampler(clients_per_round, fed.num_clients), theta0)
+
+
+# --- server side -------------------------------------------------------------------------------------
+class MethodStrategy(Strategy):
+    """A Flower `Strategy` whose sampling, weighting, rule, normalisation and server optimiser are those of
+    a fedlab_nb `Method`; evaluation is the engine's, on the server; `history()` returns our `History`."""
+
+    def __init__(self, setup: _Setup, connect_timeout: float = 120.0):
+        self.s, self.connect_timeout = setup, connect_timeout
+        self.theta = setup.theta0.clone()
+        self.state = setup.method.init_state(self.theta, setup.num_clients)
+        _, self.tables = _split_objective_state(self.state["objective"], setup.method.name)
+        self.evaluator = Evaluator(setup.model, setup.fed)
+        self.nodes: dict[int, int] = {}     # our client id k -> Flower node id
+        self.rows: list[dict] = []
+        self.round_seconds: list[float] = []
+
+    def summary(self) -> None:
+        log.info("\t└──> fedlab_nb method %r on %d clients", self.s.method.name, self.s.num_clients)
+
+    def _connect(self, grid: Grid) -> None:
+        """Wait for all K SuperNodes, then ask each which client (partition-id) it holds."""
+        K, deadline = self.s.num_clients, time.monotonic() + self.connect_timeout
+        while len(node_ids := list(grid.get_node_ids())) < K:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(node_ids)} of {K} SuperNodes connected within {self.connect_timeout} s; "
+                                   f"start one per client with --node-config 'partition-id=k num-partitions={K}'")
+            time.sleep(0.1)
+        ask = RecordDict({"config": ConfigRecord({})})
+        replies = grid.send_and_receive([Message(ask, dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids],
+                                        timeout=self.connect_timeout)
+        for reply in replies:
+            if reply.has_error():
+                raise RuntimeError(f"node {reply.metadata.src_node_id} failed to report its client id: {reply.error.reason}")
+            k = int(reply.content["metrics"]["client-id"])
+            if k in self.nodes:
+                raise ValueError(f"two SuperNodes claim partition-id={k}; give each a distinct partition-id")
+            self.nodes[k] = reply.metadata.src_node_id
+        if missing := sorted(set(range(K)) - set(self.nodes)):
+            raise ValueError(f"no SuperNode holds client(s) {missing}: start K={K} SuperNodes with "
+                             f"--node-config 'partition-id=k num-partitions={K}', k = 0..{K - 1}")
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        if not self.nodes:
+            self._connect(grid)
+        self._t0, r = time.perf_counter(), server_round - 1
+        self.sampled = self.s.sampler(r, self.s.num_clients, rng(self.s.cfg.seed, SAMPLE, r))
+        shared, _ = _split_objective_state(self.state["objective"], self.s.method.name)
+        content = RecordDict({"arrays": ArrayRecord({"theta": _to_array(self.theta)}),
+                              "objective": ArrayRecord({n: _to_array(t) for n, t in shared.items()}),
+                              "config": ConfigRecord({"round": r, "tables": ",".join(self.tables)})})
+        return [Message(content, dst_node_id=self.nodes[int(k)], message_type=MessageType.TRAIN) for k in self.sampled]
+
+    def aggregate_train(self, server_round: int, replies):
+        replies = list(replies)
+        for bad in (m for m in replies if m.has_error()):
+            log.warning("node %s failed this round: %s", bad.metadata.src_node_id, bad.error.reason)
+        good = sorted((m for m in replies if not m.has_error()), key=lambda m: int(m.content["metrics"]["client-id"]))
+        row = {"round": server_round, "n_sampled": len(self.sampled), "train_loss": float("nan")}
+        if good:
+            dev, metrics = self.theta.device, [m.content["metrics"] for m in good]
+            info = RoundInfo(server_round - 1, np.array([int(m["client-id"]) for m in metrics]),
+                             torch.tensor([float(m["num-examples"]) for m in metrics], device=dev),
+                             torch.tensor([float(m["steps"]) for m in metrics], device=dev), self.s.num_clients, self.s.cfg.lr)
+            deltas = torch.stack([_to_tensor(m.content["update"]["delta"], dev) for m in good])
+            losses = torch.tensor([float(m["train-loss"]) for m in metrics], device=dev)
+            for name in self.tables:  # the clients' old entries, for this aggregation only
+                self.state["objective"][name] = {int(k): _to_tensor(m.content["client_state"][name], dev)
+                                                 for k, m in zip(info.client_ids, good) if name in m.content["client_state"]}
+            self.theta, self.state, row["train_loss"] = server_update(self.s.method, self.state, self.theta, info,
+                                                                      deltas, losses, self.s.cfg.on_nonfinite)
+            for name in self.tables:
+                self.state["objective"][name] = {}
+        self.rows.append(row)
+        return ArrayRecord({"theta": _to_array(self.theta)}), MetricRecord({"train_loss": row["train_loss"]})
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        return []  # evaluation runs on the server, as in the in-process engine
+
+    def aggregate_evaluate(self, server_round: int, replies):
+        return None
+
+    def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Flower's `evaluate_fn`: the engine's evaluator on the eval rounds (θ₀ is not evaluated)."""
+        if server_round == 0:
+            return None
+        out = None
+        if server_round % self.s.cfg.eval_every == 0 or server_round == self.s.cfg.rounds:
+            out = self.evaluator(self.theta)
+            self.rows[-1].update(out)
+        self.round_seconds.append(time.perf_counter() - self._t0)
+        return None if out is None else MetricRecord(out)
+
+    def history(self, runtime: str) -> History:
+        cfg = self.s.cfg
+        meta = {"method": self.s.method.name, "dataset": self.s.fed.dataset.name, "partition": self.s.fed.partition.name,
+                "clients": self.s.num_clients, **{k: v for k, v in asdict(cfg).items() if k != "extra"},
+                "device": str(self.theta.device), "runtime": runtime, "seconds": float(sum(self.round_seconds))}
+        hist = History.from_rows(self.rows, meta)
+        hist.theta, hist.model = self.theta, self.s.model
+        return hist
+
+
+def _server_app(setup: _Setup, sink: Callable[[History], None], timeout: float) -> ServerApp:
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        # `flwr run --run-config num-server-rounds=N` may shorten or lengthen the run
+        run = replace(setup, cfg=replace(setup.cfg, rounds=int(context.run_config.get("num-server-rounds", setup.cfg.rounds))))
+        strategy = MethodStrategy(run)
+        strategy.start(grid, ArrayRecord({"theta": _to_array(run.theta0)}), num_rounds=run.cfg.rounds,
+                       timeout=timeout, evaluate_fn=strategy.evaluate_global)
+        hist = strategy.history("flower")
+        sink(hist)
+        if out := context.run_config.get("history-out"):
+            hist.save(str(out))
+            log.info("fedlab_nb History saved to %s", out)
+    return app
+
+
+# --- client side -------------------------------------------------------------------------------------
+def _client_id(context: Context, num_clients: int) -> int:
+    k = context.node_config.get("partition-id")
+    if k is None or not 0 <= int(k) < num_clients:
+        raise ValueError(f"this SuperNode's node config partition-id={k!r}; it must be a client id in "
+                         f"0..{num_clients - 1}: --node-config 'partition-id=k num-partitions={num_clients}'")
+    return int(k)
+
+
+def _client_app(setup: _Setup) -> ClientApp:
+    app, loss_fn, objective = ClientApp(), make_loss(setup.model), setup.method.objective
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        k = _client_id(context, setup.num_clients)
+        return Message(RecordDict({"metrics": MetricRecord({"client-id": k})}), reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        k, dev, cfg = _client_id(context, setup.num_clients), setup.fed.device, setup.cfg
+        r, tables = int(msg.content["config"]["round"]), [t for t in str(msg.content["config"]["tables"]).split(",") if t]
+        theta = _to_tensor(msg.content["arrays"]["theta"], dev)
+        held = context.state[STATE_KEY] if STATE_KEY in context.state else ArrayRecord()
+        old = {n: _to_tensor(held[n], dev) for n in tables if n in held}
+        state = {**{n: _to_tensor(a, dev) for n, a in msg.content["objective"].items()},
+                 **{n: ({k: old[n]} if n in old else {}) for n in tables}}
+        ids = np.array([k])
+        ctx = objective.client_context(state, ids, theta)
+        job = local_job(setup.fed, k, cfg, r, None if ctx is None else ctx[0])
+        deltas, losses = train_clients_loop(loss_fn, theta, [job], cfg.lr, objective)
+        # our own next entries (c_k⁺), by the same function the in-process engine runs on the server
+        info = RoundInfo(r, ids, torch.tensor([float(len(job.y))], device=dev),
+                         torch.tensor([float(len(job.batches))], device=dev), setup.num_clients, cfg.lr)
+        _, new = objective.after_local(state, deltas, info)
+        context.state[STATE_KEY] = ArrayRecord({n: _to_array(new[n][k]) for n in tables if k in new[n]})
+        return Message(RecordDict({
+            "update": ArrayRecord({"delta": _to_array(deltas[0])}),
+            "client_state": ArrayRecord({n: _to_array(t) for n, t in old.items()}),
+            "metrics": MetricRecord({"client-id": k, "num-examples": len(job.y), "steps": len(job.batches),
+                                     "train-loss": float(losses[0])})}), reply_to=msg)
+    return app
+
+
+class _DropDeprecation(logging.Filter):
+    """`run_simulation` is the documented in-Python entry point, but 1.42 logs it as deprecated for `flwr run`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "run_simulation" not in record.getMessage()
+
+
+# --- public API --------------------------------------------------------------------------------------
+def _build(method, fed, model, timeout, **run):
+    setup, box = _setup(method, fed, model, **run), {}
+    return _server_app(setup, lambda h: box.__setitem__("history", h), timeout), _client_app(setup), box
+
+
+def to_flower(method: Method | str, fed: FederatedDataset, model: str | torch.nn.Module = "mlp", *, rounds: int = 20,
+              clients_per_round=10, local_epochs: int = 1, local_steps: int | None = None, batch_size: int = 32,
+              lr: float = 0.05, seed: int = 0, eval_every: int = 1, model_kwargs: dict | None = None,
+              timeout: float = 3600.0) -> tuple[ServerApp, ClientApp]:
+    """(ServerApp, ClientApp) that run `method` on `fed` as `fedlab_nb.simulate` would with the same
+    arguments. Client k is the SuperNode whose node config has partition-id=k (the simulation sets it).
+    The ServerApp honours the run config keys `num-server-rounds` and `history-out` (a CSV path)."""
+    server, client, _ = _build(method, fed, model, timeout, rounds=rounds, clients_per_round=clients_per_round,
+                               local_epochs=local_epochs, local_steps=local_steps, batch_size=batch_size, lr=lr,
+                               seed=seed, eval_every=eval_every, model_kwargs=model_kwargs)
+    return server, client
+
+
+def run_on_flower(method: Method | str, fed: FederatedDataset, model: str | torch.nn.Module = "mlp", *,
+                  rounds: int = 20, clients_per_round=10, local_epochs: int = 1, local_steps: int | None = None,
+                  batch_size: int = 32, lr: float = 0.05, seed: int = 0, eval_every: int = 1,
+                  model_kwargs: dict | None = None, backend_config: dict | None = None,
+                  verbose: bool = False) -> History:
+    """Run `method` in Flower's simulation runtime (Ray backend, one virtual SuperNode per client) and return
+    our `History`. `meta["seconds"]` times the rounds; `meta["wall_seconds"]` adds Flower/Ray start-up."""
+    from flwr.simulation import run_simulation
+    server, client, box = _build(method, fed, model, 3600.0, rounds=rounds, clients_per_round=clients_per_round,
+                                 local_epochs=local_epochs, local_steps=local_steps, batch_size=batch_size, lr=lr,
+                                 seed=seed, eval_every=eval_every, model_kwargs=model_kwargs)
+    config = {"client_resources": {"num_cpus": 1}} if backend_config is None else dict(backend_config)
+    if not verbose:
+        config["init_args"] = {"logging_level": "ERROR", "log_to_driver": False, **config.get("init_args", {})}
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a Ray FutureWarning on CPU
+    quiet, level, t0 = _DropDeprecation(), log.level, time.perf_counter()
+    log.setLevel(logging.INFO if verbose else logging.WARNING)
+    log.addFilter(quiet)
+    try:
+        run_simulation(server, client, num_supernodes=fed.num_clients, backend_config=config, verbose_logging=verbose)
+    finally:
+        log.setLevel(level)
+        log.removeFilter(quiet)
+    if "history" not in box:
+        raise RuntimeError("the Flower simulation ended without a History; rerun with verbose=True to see its log")
+    hist = box["history"]
+    hist.meta.update(runtime="flower-simulation", wall_seconds=time.perf_counter() - t0)
+    return hist
