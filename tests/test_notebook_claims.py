@@ -26,6 +26,8 @@ def results_dir(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("paper_id", paper_ids(ROOT))
 def test_claims_match_stored_verdicts(paper_id, results_dir):
     paper = load_paper(paper_id, ROOT)  # a malformed claims file fails here, naming the field
+    for module in paper.requires:  # e.g. flwr, from the optional `flower` extra
+        pytest.importorskip(module)
     result = reproduce(paper_id, "smoke", root=ROOT, out_dir=results_dir)
     error = result["error"]
     assert error is None, (f"{paper.notebook} failed in cell {error['cell']}: {error['ename']}: {error['evalue']} "

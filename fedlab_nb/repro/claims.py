@@ -64,6 +64,7 @@ class Paper:
     scales: dict            # name -> {"device": str|None, "seconds": number|None, "parameters": dict}
     claims: tuple
     path: Path              # the claims file
+    requires: tuple = ()    # optional modules the notebook needs (e.g. flwr from an extra)
 
     @property
     def root(self) -> Path:
@@ -106,7 +107,7 @@ def find_claims_file(paper_id: str) -> Path:
 
 # ---------------------------------------------------------------------------------------------- validation
 # the known fields of each mapping, in the order the schema lists them
-_TOP = ("id", "method", "paper", "seed_quote", "code", "notebook", "scales", "claims", "note")
+_TOP = ("id", "method", "paper", "seed_quote", "code", "notebook", "scales", "claims", "note", "requires")
 _PAPER = ("title", "authors", "venue", "year", "url")
 _SCALE = ("device", "seconds", "parameters", "note")
 _CLAIM = ("id", "text", "metric", "expect", "partial", "paper_value", "verdict", "note")
@@ -159,7 +160,7 @@ def load_claims(path: Path | str) -> Paper:
     except OSError as e:
         raise ClaimsFileError(f"{path}: cannot be read ({e.strerror})") from None
     c = _Checker(path)
-    c.mapping(data, "", _TOP, optional=("code", "note"))
+    c.mapping(data, "", _TOP, optional=("code", "note", "requires"))
     pid = c.value(data, "id", "id", (str,), "a string")
     if pid != path.stem:
         c.fail("id", f"is {pid!r}", f"the file name without .yaml, {path.stem!r}")
@@ -224,7 +225,8 @@ def load_claims(path: Path | str) -> Paper:
             note=note,
         ))
     return Paper(id=pid, method=text_fields["method"], paper=dict(paper), seed_quote=text_fields["seed_quote"],
-                 code=code, notebook=text_fields["notebook"], scales=scales, claims=tuple(claims), path=path)
+                 code=code, notebook=text_fields["notebook"], scales=scales, claims=tuple(claims), path=path,
+                 requires=tuple(c.value(data, "requires", "requires", (list,), "a list of module names", True) or ()))
 
 
 def load_paper(paper_id: str, root: Path | None = None) -> Paper:

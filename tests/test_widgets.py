@@ -1,0 +1,117 @@
+"""The interactive explorer: the pure runner, and the widget driven from code (no browser)."""
+import matplotlib.pyplot as plt
+import pytest
+
+from fedlab_nb.engine import History
+from fedlab_nb.widgets import DEFAULTS, check_config, explore, plot_runs, run_explorer_config
+
+SMALL = dict(dataset="digits", clients=6, clients_per_round=3, rounds=2)
+
+
+def test_run_explorer_config_returns_a_history():
+    hist = run_explorer_config(**SMALL, partition="dirichlet", alpha=0.5)
+    assert isinstance(hist, History)
+    assert list(hist["round"]) == [1, 2]
+    assert hist.meta["method"] == "fedavg" and hist.meta["clients"] == 6
+    assert 0.0 <= hist.final("test_acc") <= 1.0
+
+
+@pytest.mark.parametrize("partition,knob", [("iid", {}), ("shards", {"k": 2}), ("pathological", {"k": 3}),
+                                            ("quantity_skew", {"alpha": 1.0})])
+def test_each_partition_control_maps_to_its_partitioner(partition, knob):
+    hist = run_explorer_config(**SMALL, partition=partition, **knob)
+    assert hist.meta["partition"].startswith(partition)
+
+
+def test_synthetic_natural_and_fedprox_mu():
+    hist = run_explorer_config(method="fedprox", mu=0.5, dataset="synthetic", partition="natural",
+                               clients=5, clients_per_round=2, rounds=1)
+    assert hist.meta["dataset"].startswith("synthetic") and hist.meta["clients"] == 5
+
+
+def test_same_values_same_history():
+    a, b = run_explorer_config(**SMALL, seed=3), run_explorer_config(**SMALL, seed=3)
+    assert a["test_acc"].tolist() == b["test_acc"].tolist()
+
+
+@pytest.mark.parametrize("bad,fragment", [
+    ({"method": "fedsgd"}, "method='fedsgd'"),
+    ({"dataset": "imagenet"}, "dataset='imagenet'"),
+    ({"partition": "random"}, "partition='random'"),
+    ({"model": "resnet"}, "model='resnet'"),
+    ({"clients_per_round": 10, "clients": 5}, "clients_per_round=10 exceeds clients=5"),
+    ({"rounds": 0}, "rounds must be an integer >= 1"),
+    ({"local_epochs": 1.5}, "local_epochs must be an integer"),
+    ({"seed": -1}, "seed must be an integer >= 0"),
+    ({"alpha": 0.0}, "alpha must be > 0"),
+    ({"partition": "natural", "dataset": "digits"}, "needs client groups"),
+    ({"lr": 0.0}, "lr must be > 0"),
+])
+def test_bad_values_raise_clearly(bad, fragment):
+    values = {**DEFAULTS, **bad}
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        check_config(**values)
+    with pytest.raises(ValueError, match="must|exceeds|not available|needs"):
+        run_explorer_config(**values)
+
+
+def test_widget_builds_runs_and_redraws():
+    box = explore(**SMALL)  # runs once when built
+    assert {"method", "dataset", "partition", "alpha", "k", "clients", "clients_per_round", "local_epochs",
+            "rounds", "seed"} <= set(box.controls)
+    assert all(getattr(c, "continuous_update", False) is False for c in box.controls.values()
+               if hasattr(c, "continuous_update"))
+    first = box.history
+    assert isinstance(first, History) and len(first) == 2
+    assert box.figure is not None and len(box.figure.axes) == 2
+    assert len(box.figure.axes[0].lines) == 1
+
+    box.controls["rounds"].value = 3  # a change re-runs ("re-run on change" is on) ...
+    assert box.history is not first and len(box.history) == 3
+    assert box.figure.axes[0].lines[0].get_xdata().tolist() == [1, 2, 3]
+    assert "final test acc" in box.status.value
+
+    box.keep.value = True  # ... and with "keep previous runs" the old curve stays beside the new one
+    box.controls["method"].value = "scaffold"
+    assert box.history.meta["method"] == "scaffold"
+    assert len(box.runs) == 2 and len(box.figure.axes[0].lines) == 2
+
+
+def test_widget_button_and_manual_mode():
+    box = explore(run_now=False, **SMALL)
+    assert box.history is None and box.figure is None
+    box.auto.value = False
+    box.controls["seed"].value = 1  # no re-run while "re-run on change" is off
+    assert box.history is None
+    box.button.click()
+    assert isinstance(box.history, History) and box.history.meta["seed"] == 1
+
+
+def test_widget_shows_bad_combination_and_keeps_last_plot():
+    box = explore(**SMALL)
+    good = box.history
+    box.controls["clients_per_round"].value = 6
+    box.controls["clients"].value = 4  # fewer clients than clients per round
+    assert box.error is not None and "clients_per_round=6 exceeds clients=4" in box.error
+    assert "exceeds" in box.status.value
+    assert box.history is good or box.history.meta["clients"] == 6
+
+
+def test_explore_rejects_bad_initial_values():
+    with pytest.raises(ValueError, match="unknown settings"):
+        explore(run_now=False, colour="red")
+    with pytest.raises(ValueError, match="clients_per_round=30 exceeds clients=20"):
+        explore(run_now=False, clients_per_round=30)
+
+
+def test_slider_ranges_stretch_to_initial_values():
+    box = explore(run_now=False, dataset="digits", clients=150, clients_per_round=120, rounds=2)
+    assert box.controls["clients"].value == 150 and box.controls["clients_per_round"].value == 120
+
+
+def test_plot_runs_marks_latest():
+    hist = run_explorer_config(**SMALL)
+    fig = plot_runs([("old", hist), ("new", hist)])
+    widths = [line.get_linewidth() for line in fig.axes[0].lines]
+    assert widths[-1] > widths[0]
+    plt.close(fig)
