@@ -156,3 +156,10 @@ def test_run_one_liner():
     h = fl.run("fedavg", "digits", "dirichlet", clients=5, rounds=2, partition_kwargs={"alpha": 1.0},
                model="logreg", progress=False)
     assert len(h) == 2
+
+
+def test_drop_stragglers_removes_their_updates(digits_fed):
+    from fedlab_nb.engine.server import RunConfig, _stragglers
+    h = fl.simulate("fedavg", digits_fed, stragglers=0.5, drop_stragglers=True, **{**KW, "clients_per_round": None})
+    late = [len(_stragglers(8, RunConfig(seed=0, stragglers=0.5), r)) for r in range(3)]
+    assert h["n_sampled"].tolist() == [8 - n for n in late] == [4, 4, 4]

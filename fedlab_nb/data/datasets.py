@@ -185,17 +185,18 @@ def load_cifar10(root: str | None = None) -> Dataset:
 
 
 def load_synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30, dim: int = 60,
-                   num_classes: int = 10, mean_size: float = 4.0, sigma: float = 1.0, iid: bool = False,
+                   num_classes: int = 10, mean_size: float = 4.0, sigma: float = 2.0, iid: bool = False,
                    test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     """Synthetic(α, β) of FedProx (Li et al. 2020) / LEAF: α controls how much the clients' *models* differ,
-    β how much their *inputs* differ. Client k: u_k ~ N(0, α), W_k, b_k ~ N(u_k, 1); B_k ~ N(0, β),
-    v_k ~ N(B_k, 1); x ~ N(v_k, Σ) with Σ_jj = j^-1.2; y = argmax(W_k x + b_k). Sizes are lognormal
-    (power-law-like) with mean exp(mean_size). `iid=True` gives every client the same W, b and v.
+    β how much their *inputs* differ. Client k: u_k ~ N(0, α²), W_k ~ N(u_k, 1), b_k ~ N(u_k, 1);
+    B_k ~ N(0, β²), v_k ~ N(B_k, 1); x ~ N(v_k, Σ) with Σ_jj = j^-1.2; y = argmax(W_k x + b_k).
+    As in the FedProx generator, α and β are standard deviations (the paper writes N(0, α)) and client
+    sizes are LogNormal(4, 2) + 50. `iid=True` gives every client the same W, b and v = 0.
     Rows carry their client id in `groups_train` / `groups_test` (use the `natural` partition)."""
     if alpha < 0 or beta < 0:
         raise ValueError(f"synthetic: alpha and beta must be >= 0, got alpha={alpha}, beta={beta}")
     g = np.random.default_rng(seed)
-    sizes = (g.lognormal(mean_size, sigma, num_clients).astype(int) + 50)
+    sizes = g.lognormal(mean_size, sigma, num_clients).astype(int) + 50
     cov = np.diag(np.arange(1, dim + 1) ** -1.2)
     W0, b0 = g.normal(0, 1, (num_classes, dim)), g.normal(0, 1, num_classes)
     xs, ys, groups = [], [], []
@@ -203,7 +204,7 @@ def load_synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
         if iid:
             W, b, v = W0, b0, np.zeros(dim)
         else:
-            u, B = g.normal(0, np.sqrt(alpha)), g.normal(0, np.sqrt(beta))
+            u, B = g.normal(0, alpha), g.normal(0, beta)
             W, b, v = g.normal(u, 1, (num_classes, dim)), g.normal(u, 1, num_classes), g.normal(B, 1, dim)
         x = g.multivariate_normal(v, cov, n)
         xs.append(x), ys.append(np.argmax(x @ W.T + b, axis=1)), groups.append(np.full(n, k))

@@ -43,7 +43,8 @@ class RunConfig:
     lr: float = 0.05
     seed: int = 0
     eval_every: int = 1
-    stragglers: float = 0.0             # fraction of sampled clients doing a random part of their work
+    stragglers: float = 0.0             # fraction of clients that, each round, do only a random part of their work
+    drop_stragglers: bool = False       # drop stragglers' updates (the FedAvg baseline of FedProx's experiments)
     backend: str = "auto"               # "loop" | "vmap" | "auto" (vmap where the method allows it)
     on_nonfinite: str = "raise"         # "raise" | "drop"
     byzantine: tuple = ()               # ids of Byzantine clients (their updates go through `attack`)
@@ -151,20 +152,21 @@ class Evaluator:
 def simulate(method: Method | str, fed: FederatedDataset, model: str | torch.nn.Module = "mlp", *,
              rounds: int = 20, clients_per_round=None, local_epochs: int = 1, local_steps: int | None = None,
              batch_size: int = 32, lr: float = 0.05, seed: int = 0, eval_every: int = 1, stragglers: float = 0.0,
-             backend: str = "auto", device=None, checkpoint: str | Path | None = None, resume: bool = False,
+             drop_stragglers: bool = False, backend: str = "auto", device=None, checkpoint: str | Path | None = None, resume: bool = False,
              progress: bool = True, on_nonfinite: str = "raise", attack: Callable | None = None,
              byzantine=(), model_kwargs: dict | None = None, callback: Callable | None = None) -> History:
     """Run a federated method on a `FederatedDataset` and return its `History`.
 
     `model`: "logreg" | "mlp" | "cnn" or an nn.Module (its initial weights are θ₀). `clients_per_round`:
-    an int, a fraction, None (all) or a sampler `(round, K, g) -> ids`. `attack(updates, byz_mask, g)`
+    an int, a fraction, None (all) or a sampler `(round, K, g) -> ids`. `stragglers`: the fraction of clients
+    that each round finish only a random prefix of their local steps; `drop_stragglers=True` discards them. `attack(updates, byz_mask, g)`
     rewrites the rows of the Byzantine clients (`byzantine`: their ids) before aggregation.
     `checkpoint`: a file written atomically after every round; `resume=True` continues from it and ends
     with the same History as an uninterrupted run. `callback(round, theta, row)` is called after each round.
     """
     method = get_method(method)
     cfg = RunConfig(rounds, clients_per_round if not callable(clients_per_round) else None, local_epochs,
-                    local_steps, batch_size, lr, seed, eval_every, stragglers, backend, on_nonfinite,
+                    local_steps, batch_size, lr, seed, eval_every, stragglers, drop_stragglers, backend, on_nonfinite,
                     tuple(int(b) for b in byzantine))
     cfg.validate()
     if device is not None:
@@ -201,6 +203,9 @@ def simulate(method: Method | str, fed: FederatedDataset, model: str | torch.nn.
     t0 = time.perf_counter()
     for r in bar:
         ids = sampler(r, K, rng(seed, SAMPLE, r))
+        if cfg.drop_stragglers and cfg.stragglers:
+            late = _stragglers(K, cfg, r)
+            ids = np.array([k for k in ids if k not in late], dtype=np.int64)
         row = {"round": r + 1, "n_sampled": len(ids), "train_loss": float("nan")}
         if len(ids):
             theta, state, row["train_loss"] = _round(method, state, theta, fed, ids, cfg, r, loss_fn,
