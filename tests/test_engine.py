@@ -96,7 +96,7 @@ def test_resume_refuses_other_config(digits_fed, tmp_path):
 
 
 def test_nonfinite_update_names_client_and_round(digits_fed):
-    def poison(updates, byz, g):
+    def poison(updates, byz, generator=None):
         updates = updates.clone()
         updates[byz] = float("nan")
         return updates

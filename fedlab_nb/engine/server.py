@@ -159,7 +159,7 @@ def simulate(method: Method | str, fed: FederatedDataset, model: str | torch.nn.
 
     `model`: "logreg" | "mlp" | "cnn" or an nn.Module (its initial weights are θ₀). `clients_per_round`:
     an int, a fraction, None (all) or a sampler `(round, K, g) -> ids`. `stragglers`: the fraction of clients
-    that each round finish only a random prefix of their local steps; `drop_stragglers=True` discards them. `attack(updates, byz_mask, g)`
+    that each round finish only a random prefix of their local steps; `drop_stragglers=True` discards them. `attack(updates, byz_mask, generator=g)`
     rewrites the rows of the Byzantine clients (`byzantine`: their ids) before aggregation.
     `checkpoint`: a file written atomically after every round; `resume=True` continues from it and ends
     with the same History as an uninterrupted run. `callback(round, theta, row)` is called after each round.
@@ -234,7 +234,7 @@ def _round(method, state, theta, fed, ids, cfg: RunConfig, r: int, loss_fn, trai
     ids_t = torch.as_tensor(ids, device=theta.device)
     if attack is not None and byz[ids_t].any():
         gen = torch.Generator(device="cpu").manual_seed(int(rng(cfg.seed, ATTACK, r).integers(2**62)))
-        deltas = attack(deltas, byz[ids_t], gen)
+        deltas = attack(deltas, byz[ids_t], generator=gen)
     sizes = torch.tensor([float(len(j.y)) for j in jobs], device=theta.device)
     steps = torch.tensor([float(len(j.batches)) for j in jobs], device=theta.device)
     info = RoundInfo(r, np.asarray(ids), sizes, steps, fed.num_clients, cfg.lr)
