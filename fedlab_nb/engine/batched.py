@@ -11,13 +11,13 @@ of the step and a 0/1 row mask removes the padding from the mean. A client whose
 first), so the clients still active at step s are a prefix W[:a_s] and frozen ones cost nothing.
 No data is truncated; batches and their order are exactly the loop backend's.
 
-Memory: clients are processed in chunks sized from a budget (`MEMORY_BUDGET`, bytes; default 512 MiB
+Memory: clients are processed in chunks sized from a budget (`MEMORY_BUDGET`, bytes; default 256 MiB
 on CPU, half the free memory on CUDA) and an estimate of one client's working set (a few copies of d
 parameters + its batch's saved activations, measured once with autograd's saved-tensor hooks).
 """
 from __future__ import annotations
 
-import inspect
+import math
 
 import numpy as np
 import torch
@@ -28,24 +28,22 @@ from torch.func import functional_call, grad_and_value, vmap
 from ..models import param_spec, unflatten
 
 MEMORY_BUDGET: int | None = None      # bytes for one chunk's working set; None = device default
-CPU_BUDGET = 512 * 2**20
+CPU_BUDGET = 256 * 2**20
 CUDA_FREE_FRACTION = 0.5
-PARAM_COPIES = 6                      # w, new w, grad, grad + correction, temporaries: d floats each
+PARAM_COPIES = 6                      # d-float buffers per client: W, ∇, correction temporaries, Δ, slack
 
 
 # --- the masked loss --------------------------------------------------------------------------------
 def make_masked_loss(model: nn.Module):
-    """loss(θ_flat, x [B, D], y [B], mask [B]) = Σ_i mask_i CE_i / Σ_i mask_i: the mean cross-entropy of
-    the real rows of a padded batch (0 when the batch is all padding)."""
-    spec = param_spec(model)
-
-    def loss(theta, x, y, mask):
-        per_row = F.cross_entropy(functional_call(model, unflatten(theta, spec), (x,)), y, reduction="none")
+    """loss(params, x [B, D], y [B], mask [B]) = Σ_i mask_i CE_i / Σ_i mask_i: the mean cross-entropy of
+    the real rows of a padded batch (0 when the batch is all padding). `params`: name → tensor."""
+    def loss(params, x, y, mask):
+        per_row = F.cross_entropy(functional_call(model, params, (x,)), y, reduction="none")
         return (per_row * mask).sum() / mask.sum().clamp_min(1)
     return loss
 
 
-def _model_in(loss_fn) -> nn.Module | None:
+def model_of(loss_fn) -> nn.Module | None:
     """The model behind a `make_loss(model)` closure (its `.model`, or the module among its cells)."""
     model = getattr(loss_fn, "model", None)
     if isinstance(model, nn.Module):
@@ -59,19 +57,20 @@ def _model_in(loss_fn) -> nn.Module | None:
     return None
 
 
-def masked_loss_from(loss_fn):
-    """The masked version of `loss_fn(θ, x, y)` (a mean over rows): its own `mask=` keyword if it has
-    one, else `make_masked_loss` of its model, else a row-by-row vmap of `loss_fn` (any row-mean loss)."""
-    if "mask" in inspect.signature(loss_fn).parameters:
-        return lambda theta, x, y, mask: loss_fn(theta, x, y, mask=mask)
-    model = _model_in(loss_fn)
-    if model is not None:
-        return make_masked_loss(model)
+def param_loss(loss_fn, theta: torch.Tensor, model: nn.Module | None):
+    """(spec, loss(params, x, y, mask)): the masked loss as a function of the parameter tensors.
 
-    def loss(theta, x, y, mask):
-        per_row = vmap(lambda xi, yi: loss_fn(theta, xi[None], yi[None]))(x, y)
+    With the model, gradients are taken per parameter tensor, which is what makes a vmapped step fast:
+    differentiating through the slices of one flat vector would build and sum a zero-filled [m, d]
+    gradient per parameter tensor. Without it, any row-mean `loss_fn(θ, x, y)` works, with one flat
+    "parameter", evaluated row by row (slower)."""
+    if model is not None:
+        return param_spec(model), make_masked_loss(model)
+
+    def rowwise(params, x, y, mask):
+        per_row = vmap(lambda xi, yi: loss_fn(params["theta"], xi[None], yi[None]))(x, y)
         return (per_row * mask).sum() / mask.sum().clamp_min(1)
-    return loss
+    return [("theta", theta.shape)], rowwise
 
 
 # --- chunk sizing -----------------------------------------------------------------------------------
@@ -95,7 +94,7 @@ def activation_bytes_per_row(loss_fn, theta: torch.Tensor, x: torch.Tensor, y: t
 
 
 def memory_budget(device: torch.device) -> int:
-    """Bytes one chunk may use: `MEMORY_BUDGET` if set, else 512 MiB on CPU / half the free CUDA memory."""
+    """Bytes one chunk may use: `MEMORY_BUDGET` if set, else 256 MiB on CPU / half the free CUDA memory."""
     if MEMORY_BUDGET is not None:
         return int(MEMORY_BUDGET)
     if device.type == "cuda":
@@ -133,36 +132,53 @@ def padded_schedule(jobs, offsets: np.ndarray):
     return rows, mask, tau
 
 
-def _client_step(masked_loss, objective):
-    """One client's (update direction, batch loss); vmapped over the chunk."""
-    grad_loss = grad_and_value(masked_loss)
+def stacked_views(W: torch.Tensor, spec) -> dict[str, torch.Tensor]:
+    """Views of the rows of W [c, d] shaped [c, *shape] per parameter (updating one updates W)."""
+    out, i = {}, 0
+    for name, shape in spec:
+        n = math.prod(shape)
+        out[name] = W[:, i:i + n].view(W.shape[0], *shape)
+        i += n
+    return out
 
-    def step(w, x, y, mask, ctx, anchor):
-        g, loss = grad_loss(w, x, y, mask)
-        corr = objective.correction(w, anchor, ctx)
-        return (g if corr is None else g + corr), loss
+
+def _client_step(loss, spec, objective, with_correction: bool):
+    """One client's (update direction ∇f̂_k + correction per parameter tensor, batch loss); vmapped."""
+    grad_loss = grad_and_value(loss)
+
+    def step(params, x, y, mask, ctx, anchor):
+        g, value = grad_loss(params, x, y, mask)
+        if with_correction:  # the objective's term sees the flat w, as in the loop
+            w = torch.cat([params[name].reshape(-1) for name, _ in spec])
+            corr = unflatten(objective.correction(w, anchor, ctx), spec)
+            g = {name: g[name] + corr[name] for name in g}
+        return g, value
     return step
 
 
-def _train_chunk(step, theta, jobs, lr):
+def _train_chunk(step, spec, theta, jobs, lr):
     """Local SGD of `jobs` (sorted by τ, longest first) from θ; returns (W − θ [c, d], mean loss [c])."""
-    dev = theta.device
+    dev, c = theta.device, len(jobs)
     sizes = np.array([len(j.y) for j in jobs])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     rows, mask, tau = padded_schedule(jobs, offsets)
-    active = [(tau > s).sum() for s in range(len(rows))]   # prefix length of still-training clients
+    active = [int((tau > s).sum()) for s in range(len(rows))]      # prefix of still-training clients
+    width = [int(mask[s].sum(1).max()) for s in range(len(rows))]  # largest real batch of the step
     x = torch.cat([j.x for j in jobs]).to(dev)
     y = torch.cat([j.y for j in jobs]).to(dev)
     rows, mask = torch.as_tensor(rows, device=dev), torch.as_tensor(mask, device=dev, dtype=theta.dtype)
     with_ctx = jobs[0].ctx is not None
     ctx = torch.stack([j.ctx for j in jobs]).to(dev) if with_ctx else None
     batched = vmap(step, in_dims=(0, 0, 0, 0, 0 if with_ctx else None, None))
-    W = theta.unsqueeze(0).repeat(len(jobs), 1)
-    total = theta.new_zeros(len(jobs))
-    for s, a in enumerate(active):
-        idx = rows[s, :a]
-        upd, loss = batched(W[:a], x[idx], y[idx], mask[s, :a], ctx[:a] if with_ctx else None, theta)
-        W[:a] = W[:a] - lr * upd
+    W = theta.repeat(c, 1)        # the clients' flat parameters, [c, d]
+    P = stacked_views(W, spec)    # the same memory, one [c, *shape] view per parameter tensor
+    total = theta.new_zeros(c)
+    for s, (a, b) in enumerate(zip(active, width)):
+        idx = rows[s, :a, :b]
+        g, loss = batched({n: p[:a] for n, p in P.items()}, x[idx], y[idx], mask[s, :a, :b],
+                          ctx[:a] if with_ctx else None, theta)
+        for name, p in P.items():
+            p[:a].sub_(g[name], alpha=lr)  # w ← w − η·u
         total[:a] += loss.detach()
     return W.sub_(theta), total / torch.as_tensor(tau, device=dev, dtype=theta.dtype)
 
@@ -177,8 +193,10 @@ def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, obje
         return theta.new_zeros(0, theta.numel()), theta.new_zeros(0)
     if getattr(objective, "vmappable", True) is False:
         raise ValueError(f"{type(objective).__name__} is not vmappable; use backend='loop'")
-    masked = make_masked_loss(model) if model is not None else masked_loss_from(loss_fn)
-    step = _client_step(masked, objective)
+    spec, loss = param_loss(loss_fn, theta, model or model_of(loss_fn))
+    ctx0 = jobs[0].ctx
+    with_correction = objective.correction(theta, theta, None if ctx0 is None else ctx0.to(theta.device)) is not None
+    step = _client_step(loss, spec, objective, with_correction)
     order = np.argsort([-len(j.batches) for j in jobs], kind="stable")
     jobs_sorted = [jobs[i] for i in order]
 
@@ -193,7 +211,8 @@ def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, obje
     deltas = theta.new_empty(len(jobs), theta.numel())
     losses = theta.new_empty(len(jobs))
     for chunk in chunks:
-        d, l = _train_chunk(step, theta, [jobs_sorted[i] for i in chunk], lr)
+        d, l = _train_chunk(step, spec, theta, [jobs_sorted[i] for i in chunk], lr)
         where = torch.as_tensor(order[chunk], device=theta.device)
-        deltas[where], losses[where] = d, l
+        deltas.index_copy_(0, where, d)
+        losses.index_copy_(0, where, l)
     return deltas, losses

@@ -45,6 +45,7 @@ def make_loss(model: torch.nn.Module):
 
     def loss(theta, x, y):
         return F.cross_entropy(functional_call(model, unflatten(theta, spec), (x,)), y)
+    loss.model = model  # the vmap backend builds its masked, per-tensor loss from the same module
     return loss
 
 

@@ -1,0 +1,167 @@
+"""The `vmap` backend (engine/batched.py) computes the same local SGD as the `loop` backend."""
+import numpy as np
+import pytest
+import torch
+
+import fedlab_nb as fl
+from fedlab_nb.engine import batched
+from fedlab_nb.engine.batched import plan_chunks, train_clients_vmap
+from fedlab_nb.engine.client import LocalJob, batch_schedule, make_loss, train_clients_loop
+from fedlab_nb.methods import LocalObjective
+from fedlab_nb.methods.fedprox import ProximalObjective
+from fedlab_nb.methods.scaffold import ControlVariateObjective
+from fedlab_nb.models import flatten_params, make_model
+
+COLUMNS = ["train_loss", "test_loss", "test_acc", "client_acc_mean", "client_acc_std", "client_acc_p10"]
+
+
+@pytest.fixture
+def run_both(monkeypatch):
+    """fl.simulate on both backends, checking that the vmap run really went through train_clients_vmap."""
+    calls = []
+    real = batched.train_clients_vmap
+    monkeypatch.setattr(batched, "train_clients_vmap", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def run(fed, method, **kw):
+        kw = dict(rounds=3, clients_per_round=5, lr=0.1, progress=False, seed=0) | kw
+        loop = fl.simulate(method, fed, backend="loop", **kw)
+        assert not calls
+        vmap = fl.simulate(method, fed, backend="vmap", **kw)
+        assert len(calls) == kw["rounds"]
+        return loop, vmap
+    return run
+
+
+def assert_same_history(loop, vmap):
+    for col in COLUMNS:
+        np.testing.assert_allclose(vmap[col].to_numpy(), loop[col].to_numpy(), atol=1e-4, rtol=0, err_msg=col)
+    torch.testing.assert_close(vmap.theta, loop.theta, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedprox", "scaffold", "fednova", "fedadam"])
+def test_simulate_vmap_equals_loop_noniid(run_both, digits_fed, method):
+    """Dirichlet(0.5) digits: unequal sizes, 2 local epochs, 40 % stragglers, an MLP."""
+    m = fl.get_method(method, **({"mu": 0.1} if method == "fedprox" else {}))
+    loop, vmap = run_both(digits_fed, m, model="mlp", model_kwargs={"hidden": (16,)}, local_epochs=2,
+                          batch_size=16, stragglers=0.4)
+    assert digits_fed.sizes.min() < digits_fed.sizes.max()  # the case the masks are for
+    assert_same_history(loop, vmap)
+
+
+def test_simulate_vmap_equals_loop_iid_local_steps_logreg(run_both):
+    fed = fl.federate("digits", "iid", n_clients=6, seed=1)
+    loop, vmap = run_both(fed, "fedavg", model="logreg", local_steps=7, batch_size=10, clients_per_round=None)
+    assert_same_history(loop, vmap)
+
+
+def test_simulate_vmap_equals_loop_cnn(run_both, digits_fed):
+    loop, vmap = run_both(digits_fed, fl.get_method("fedprox", mu=0.05), model="cnn", rounds=2, clients_per_round=3,
+                          model_kwargs={"channels": (4, 8), "hidden": 16}, batch_size=32, stragglers=0.5)
+    assert_same_history(loop, vmap)
+
+
+# --- train_clients_vmap against train_clients_loop directly ------------------------------------------
+def make_jobs(n_clients=7, d_in=12, classes=4, batch=5, seed=0, d=None):
+    """Clients of very different sizes; some run fixed steps, one stops early (a straggler)."""
+    g = np.random.default_rng(seed)
+    jobs = []
+    for k in range(n_clients):
+        n = int(g.integers(3, 40))
+        x = torch.as_tensor(g.normal(size=(n, d_in)), dtype=torch.float32)
+        y = torch.as_tensor(g.integers(0, classes, n))
+        steps = None if k % 3 else int(g.integers(1, 9))
+        batches = batch_schedule(n, batch, epochs=1 + k % 2, steps=steps, g=g)
+        if k == 4:
+            batches = batches[:1]
+        ctx = None if d is None else torch.as_tensor(g.normal(size=d) * 0.1, dtype=torch.float32)
+        jobs.append(LocalJob(k, x, y, batches, ctx))
+    return jobs
+
+
+@pytest.mark.parametrize("objective", [LocalObjective(), ProximalObjective(mu=0.3), ControlVariateObjective()])
+def test_train_clients_vmap_equals_loop(objective):
+    torch.manual_seed(0)
+    model = make_model("mlp", (12,), 4, hidden=(8, 6))
+    theta = flatten_params(model)
+    jobs = make_jobs(d=theta.numel() if isinstance(objective, ControlVariateObjective) else None)
+    assert len({len(j.batches) for j in jobs}) > 2 and len({len(j.y) for j in jobs}) > 2
+    d_loop, l_loop = train_clients_loop(make_loss(model), theta, jobs, 0.2, objective)
+    d_vmap, l_vmap = train_clients_vmap(make_loss(model), theta, jobs, 0.2, objective)
+    assert d_vmap.shape == (len(jobs), theta.numel())
+    assert (d_loop.abs().amax(1) > 1e-4).all()  # every client really moved
+    torch.testing.assert_close(d_vmap, d_loop, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(l_vmap, l_loop, atol=1e-6, rtol=1e-5)
+
+
+def test_model_free_loss_falls_back_to_rowwise():
+    """A loss function that hides its model still gives the loop's result (row-by-row masked mean)."""
+    torch.manual_seed(1)
+    model = make_model("logreg", (12,), 4)
+    theta, inner = flatten_params(model), make_loss(model)
+    opaque = lambda th, x, y: inner(th, x, y)  # noqa: E731 — its closure holds a function, not a module
+    assert batched.model_of(opaque) is None and batched.model_of(inner) is model
+    jobs = make_jobs(seed=3)
+    d_loop, l_loop = train_clients_loop(opaque, theta, jobs, 0.3, LocalObjective())
+    d_vmap, l_vmap = train_clients_vmap(opaque, theta, jobs, 0.3, LocalObjective())
+    torch.testing.assert_close(d_vmap, d_loop, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(l_vmap, l_loop, atol=1e-6, rtol=1e-5)
+
+
+def test_refuses_objective_that_is_not_vmappable():
+    class Stateful(LocalObjective):
+        vmappable = False
+    model = make_model("logreg", (12,), 4)
+    with pytest.raises(ValueError, match="backend='loop'"):
+        train_clients_vmap(make_loss(model), flatten_params(model), make_jobs(), 0.1, Stateful())
+
+
+# --- chunking ----------------------------------------------------------------------------------------
+def test_plan_chunks_respects_budget():
+    cost = np.array([5, 5, 5, 20, 1, 1])
+    chunks = plan_chunks(cost, budget=10)
+    assert [c.tolist() for c in chunks] == [[0, 1], [2], [3], [4, 5]]
+    assert np.concatenate(chunks).tolist() == list(range(6))
+    assert len(plan_chunks(cost, budget=10**9)) == 1
+
+
+def test_chunked_equals_unchunked(monkeypatch):
+    torch.manual_seed(2)
+    model = make_model("mlp", (12,), 4, hidden=(8,))
+    theta = flatten_params(model)
+    jobs = make_jobs(n_clients=9, d=theta.numel())
+    objective = ControlVariateObjective()
+    whole = train_clients_vmap(make_loss(model), theta, jobs, 0.2, objective, budget=10**12)
+    calls = []
+    real = batched._train_chunk
+    monkeypatch.setattr(batched, "_train_chunk", lambda *a: calls.append(len(a[3])) or real(*a))
+    monkeypatch.setattr(batched, "MEMORY_BUDGET", 1)  # one client per chunk
+    per_client = train_clients_vmap(make_loss(model), theta, jobs, 0.2, objective)
+    assert calls == [1] * len(jobs)
+    calls.clear()
+    cost_one = 4 * theta.numel() * (batched.PARAM_COPIES + 1)
+    some = train_clients_vmap(make_loss(model), theta, jobs, 0.2, objective, budget=3 * cost_one + 10_000)
+    assert 1 < len(calls) < len(jobs)
+    for got in (per_client, some):
+        torch.testing.assert_close(got[0], whole[0], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(got[1], whole[1], atol=1e-6, rtol=1e-5)
+
+
+def test_activation_estimate_grows_with_width():
+    x, y = torch.randn(2, 20), torch.tensor([0, 1])
+    small, wide = (make_model("mlp", (20,), 2, hidden=(h,)) for h in (8, 256))
+    est = [batched.activation_bytes_per_row(make_loss(m), flatten_params(m), x, y) for m in (small, wide)]
+    assert 0 < est[0] < est[1]
+
+
+def test_bench_backends_tiny(tmp_path):
+    """The benchmark's CI mode runs in-process and writes its table."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_backends.py"
+    spec = importlib.util.spec_from_file_location("bench_backends", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    table = bench.main(["--tiny", "--out", str(tmp_path)])
+    assert {"loop", "vmap", "limit"} <= set(table["backend"])
+    assert (tmp_path / "bench_backends.csv").exists()
+    assert np.isfinite(table["seconds"]).all() and (table["seconds"] > 0).all()
