@@ -5,6 +5,8 @@
 from .base import (DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerSGD, UniformWeighting,
                    weighted_mean)
 from .fedavg import fedavg
+from . import afl, frl
+from .fedau import FedAUWeighting, KnownProbabilityWeighting, fedau, fedavg_participants, known_probability, weighted_sum
 from .fedavgm import fedavgm
 from .fednova import fednova, step_normalisation
 from .fedopt import ServerAdaptive, fedadagrad, fedadam, fedyogi
@@ -12,7 +14,8 @@ from .fedprox import ProximalObjective, fedprox
 from .scaffold import ControlVariateObjective, scaffold
 
 METHODS = {"fedavg": fedavg, "fedprox": fedprox, "scaffold": scaffold, "fednova": fednova, "fedavgm": fedavgm,
-           "fedadam": fedadam, "fedyogi": fedyogi, "fedadagrad": fedadagrad}
+           "fedadam": fedadam, "fedyogi": fedyogi, "fedadagrad": fedadagrad, "fedau": fedau}
+# Not training loops, so not in METHODS: `afl` (closed form, one shot) and `frl` (rank voting) are modules.
 
 
 def get_method(name: str | Method, **kwargs) -> Method:
@@ -28,4 +31,6 @@ def get_method(name: str | Method, **kwargs) -> Method:
 
 __all__ = ["DataSizeWeighting", "LocalObjective", "Method", "RoundInfo", "ServerSGD", "UniformWeighting", "weighted_mean",
            "fedavg", "fedavgm", "fednova", "step_normalisation", "ServerAdaptive", "fedadagrad", "fedadam", "fedyogi",
-           "ProximalObjective", "fedprox", "ControlVariateObjective", "scaffold", "METHODS", "get_method"]
+           "ProximalObjective", "fedprox", "ControlVariateObjective", "scaffold", "METHODS", "get_method", "afl", "frl",
+           "FedAUWeighting", "KnownProbabilityWeighting", "fedau", "fedavg_participants", "known_probability",
+           "weighted_sum"]

@@ -1,0 +1,229 @@
+"""Byzantine-robust federated methods: a robust rule in the `Method` slot, worker momentum, and attacks.
+
+Chapter 2 of the course. A robust method is FedAvg with the weighted mean swapped for a robust rule
+(`fedlab_nb.robust.rules`), uniform weights (a Byzantine client could lie about its n_k), and
+optionally worker momentum (Karimireddy, He, Jaggi, "Learning from History for Byzantine Robust
+Optimization", ICML 2021):
+
+    m_k ← β m_k + (1 − β) Δ_k          (kept per client, sent instead of Δ_k)
+    v   ← CC(m_1 … m_n; centre v_prev)  (centered clipping around the previous aggregate)
+    θ   ← θ + v
+
+Attacks act on what clients *send*: with worker momentum that is m_k, so the omniscient attacks (ALIE,
+IPM) read the honest momenta. The engine applies `simulate(attack=...)` to the raw Δ before
+`after_local`, so a momentum run passes its attack to `WorkerMomentumObjective` instead (see
+`run_attack`, which picks the right path). Label flipping is data poisoning: `flip_client_labels`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..data.federated import FederatedDataset
+from ..robust.attacks import ATTACKS, flip_labels, get_attack
+from ..robust.rules import RULES, centered_clip, gas, get_rule
+from ..utils import rng
+from .base import LocalObjective, Method, RoundInfo, ServerSGD, UniformWeighting
+
+MOMENTUM_ATTACK = 11  # rng stream id for attacks crafted inside WorkerMomentumObjective
+
+
+# --- stateful rules ----------------------------------------------------------------------------------
+@dataclass
+class CenteredClipping:
+    """Centered clipping with the previous aggregate as the centre (the paper's v^{t−1}; v^0 = 0):
+    L = `iters` times  v ← v + (1/n) Σ_i (m_i − v) · min(1, τ / ‖m_i − v‖)."""
+    tau: float = 1.0
+    iters: int = 3
+
+    def __post_init__(self):
+        if not self.tau > 0 or self.iters < 1:
+            raise ValueError(f"CenteredClipping needs tau > 0 and iters >= 1, got tau={self.tau}, iters={self.iters}")
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        return {"center": torch.zeros_like(theta)}
+
+    def aggregate(self, state: dict, updates: torch.Tensor, weights: torch.Tensor | None):
+        v = centered_clip(updates, weights, center=state["center"], tau=self.tau, iters=self.iters)
+        return v, {"center": v}
+
+
+@dataclass
+class GradientSplitting:
+    """GAS(base rule) with a fresh random coordinate split each round, keyed by (seed, round) so a run
+    is reproducible and resumable (the state is just the round counter)."""
+    base_rule: str = "coordinate_median"
+    p: int = 64
+    f: int = 0
+    seed: int = 0
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        return {"round": 0}
+
+    def aggregate(self, state: dict, updates: torch.Tensor, weights: torch.Tensor | None):
+        g = torch.Generator().manual_seed(int(rng(self.seed, state["round"]).integers(2**62)))
+        agg = gas(updates, weights, base_rule=self.base_rule, p=self.p, f=self.f, generator=g)
+        return agg, {"round": state["round"] + 1}
+
+
+def robust_rule(name: str, f: int = 0, *, tau: float = 1.0, iters: int = 3, p: int = 64, seed: int = 0,
+                **hyper):
+    """A rule for the `Method.rule` slot from a name, with the Byzantine count f passed where a rule uses it.
+
+    Names: every key of `fedlab_nb.robust.rules.RULES` (krum / multi_krum / bulyan get `f`; trimmed_mean
+    gets beta = f/n unless given), plus "cc" → `CenteredClipping(tau, iters)` (stateful) and
+    "gas_<base>" (e.g. "gas_krum", "gas_median") → `GradientSplitting(base, p, f, seed)`."""
+    if name in ("cc", "centered_clip", "centered_clipping"):
+        return CenteredClipping(tau, iters)
+    if name.startswith("gas_"):
+        base = name[4:]
+        if base not in RULES:
+            raise ValueError(f"rule {name!r}: unknown GAS base rule {base!r}; use gas_<name> with <name> in "
+                             f"{sorted(RULES)}")
+        return GradientSplitting(base, p, f, seed)
+    if name in ("krum", "multi_krum", "bulyan", "gas"):
+        hyper.setdefault("f", f)
+    if name == "trimmed_mean" and "beta" not in hyper:
+        return _TrimByCount(f)
+    return get_rule(name, **hyper)
+
+
+@dataclass
+class _TrimByCount:
+    """Trimmed mean that cuts f values from each side (β = f/n, the usual choice when f is known)."""
+    f: int
+
+    def __call__(self, updates: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        n = updates.shape[0]
+        return get_rule("trimmed_mean", beta=min(self.f / n + 1e-9, 0.49))(updates, weights)
+
+
+# --- worker momentum -----------------------------------------------------------------------------------
+@dataclass
+class WorkerMomentumObjective(LocalObjective):
+    """Plain local training; each client then sends its momentum m_k ← β m_k + (1 − β) Δ_k instead of Δ_k
+    (Karimireddy et al. 2021, Alg. 2, with Δ_k in place of the stochastic gradient). State: m [K, d].
+
+    `attack` (engine signature `attack(updates, byz_mask, generator)`) rewrites the messages of the
+    clients in `byzantine` *after* momentum, so omniscient attacks see the honest momenta. β = 0 is
+    plain FedAvg messages with the attack applied at the same point."""
+    beta: float = 0.9
+    attack: Callable | None = None
+    byzantine: tuple = ()
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.beta < 1:
+            raise ValueError(f"worker momentum beta must be in [0, 1), got {self.beta}")
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        return {"m": theta.new_zeros(num_clients, theta.numel())}
+
+    def after_local(self, state: dict, deltas: torch.Tensor, info: RoundInfo) -> tuple[torch.Tensor, dict]:
+        ids = torch.as_tensor(np.asarray(info.client_ids), device=deltas.device)
+        m = state["m"].clone()
+        m[ids] = self.beta * m[ids] + (1 - self.beta) * deltas
+        messages = m[ids]
+        byz = torch.isin(ids, torch.as_tensor(list(self.byzantine), dtype=ids.dtype, device=ids.device))
+        if self.attack is not None and byz.any():
+            g = torch.Generator().manual_seed(int(rng(self.seed, MOMENTUM_ATTACK, info.round).integers(2**62)))
+            messages = self.attack(messages, byz, g)
+        return messages, {"m": m}
+
+
+def robust_method(rule: str = "mean", f: int = 0, *, momentum: float = 0.0, attack: Callable | None = None,
+                  byzantine=(), seed: int = 0, server_lr: float = 1.0, **rule_hyper) -> Method:
+    """FedAvg with a robust rule, uniform weights and optional worker momentum, e.g.
+    `robust_method("cc", f=4, momentum=0.9, tau=0.5)`. `attack`/`byzantine` only matter with momentum
+    (they move the attack after the momentum step); without momentum pass them to `simulate`."""
+    agg = robust_rule(rule, f, seed=seed, **rule_hyper)
+    objective = LocalObjective()
+    if momentum or attack is not None:
+        objective = WorkerMomentumObjective(momentum, attack, tuple(int(b) for b in byzantine), seed)
+    name = rule + (f"+wm{momentum:g}" if momentum else "")
+    return Method(name, objective, UniformWeighting(), agg, ServerSGD(lr=server_lr))
+
+
+# --- attacks ---------------------------------------------------------------------------------------------
+def engine_attack(name: str, **hyper) -> Callable:
+    """An attack from `fedlab_nb.robust.attacks` in the engine's positional form (updates, mask, generator)."""
+    attack = get_attack(name, **hyper)
+    return lambda updates, byzantine, generator: attack(updates, byzantine, generator=generator)
+
+
+class LabelFlippedDataset(FederatedDataset):
+    """A copy of a `FederatedDataset` whose Byzantine clients train on flipped labels y → C − 1 − y.
+
+    Honest clients share the original tensors; test sets are untouched. The flip is re-applied when the
+    copy is moved to another device (`to` re-materialises the client tensors)."""
+
+    def __init__(self, fed: FederatedDataset, byzantine):
+        self.__dict__.update(fed.__dict__)
+        self.byzantine = tuple(sorted(int(b) for b in byzantine))
+        bad = [b for b in self.byzantine if not 0 <= b < fed.num_clients]
+        if bad:
+            raise ValueError(f"byzantine ids {bad} are not clients of this federation (0 … {fed.num_clients - 1})")
+        self.client_train = list(fed.client_train)
+        self._flip()
+
+    def _flip(self):
+        for k in self.byzantine:
+            x, y = self.client_train[k]
+            self.client_train[k] = (x, flip_labels(y, self.num_classes))
+
+    def _materialise(self):
+        super()._materialise()
+        self._flip()
+
+
+def flip_client_labels(fed: FederatedDataset, byzantine) -> LabelFlippedDataset:
+    """Label-flip data poisoning for `simulate`: a copy of `fed` where clients `byzantine` flip labels."""
+    return LabelFlippedDataset(fed, byzantine)
+
+
+def honest_sampler(byzantine, num_clients: int):
+    """A sampler that takes every honest client each round (the "honest-only mean" reference run)."""
+    honest = np.setdiff1d(np.arange(num_clients), np.asarray(list(byzantine), dtype=int))
+    return lambda round, K, g: honest
+
+
+ATTACK_NAMES = ("none", "label_flip", *[a for a in ATTACKS if a != "none"])
+DEFAULT_ATTACK_HYPER = {"sign_flip": {"scale": 4.0}, "gaussian_noise": {"std": 1.0}, "ipm": {"epsilon": 0.1}}
+
+
+def run_attack(rule: str, attack: str, fed: FederatedDataset, byzantine, *, f: int | None = None,
+               momentum: float = 0.0, rule_hyper: dict | None = None, attack_hyper: dict | None = None,
+               seed: int = 0, **simulate_kwargs):
+    """One robustness run: `rule` aggregates all clients while `byzantine` ones mount `attack`.
+
+    rule "honest_mean" is the reference: the plain mean over the honest clients only (the attack is
+    ignored). attack: "none", "label_flip" or a name in `fedlab_nb.robust.attacks.ATTACKS` (hyper from
+    `attack_hyper`, else `DEFAULT_ATTACK_HYPER`). Other keywords go to `simulate` (all clients take part
+    every round unless `clients_per_round` is given)."""
+    from ..engine import simulate
+    byzantine = tuple(int(b) for b in byzantine)
+    f = len(byzantine) if f is None else f
+    simulate_kwargs.setdefault("clients_per_round", None)
+    simulate_kwargs.setdefault("progress", False)
+    if attack not in ATTACK_NAMES:
+        raise ValueError(f"attack must be one of {ATTACK_NAMES}, got {attack!r}")
+    if rule == "honest_mean":
+        method = robust_method("mean", momentum=momentum, seed=seed)
+        simulate_kwargs["clients_per_round"] = honest_sampler(byzantine, fed.num_clients)
+        return simulate(method, fed, seed=seed, **simulate_kwargs)
+    model_attack = None
+    if attack == "label_flip":
+        fed = flip_client_labels(fed, byzantine)
+    elif attack != "none":
+        hyper = attack_hyper if attack_hyper is not None else DEFAULT_ATTACK_HYPER.get(attack, {})
+        model_attack = engine_attack(attack, **hyper)
+    if momentum:  # the attack must see (and replace) the momentum messages
+        method = robust_method(rule, f, momentum=momentum, attack=model_attack, byzantine=byzantine, seed=seed,
+                               **(rule_hyper or {}))
+        return simulate(method, fed, seed=seed, **simulate_kwargs)
+    method = robust_method(rule, f, seed=seed, **(rule_hyper or {}))
+    return simulate(method, fed, seed=seed, attack=model_attack, byzantine=byzantine if model_attack else (),
+                    **simulate_kwargs)
