@@ -5,8 +5,6 @@
 from .base import (DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerSGD, UniformWeighting,
                    weighted_mean)
 from .fedavg import fedavg
-from . import afl, frl
-from .fedau import FedAUWeighting, KnownProbabilityWeighting, fedau, fedavg_participants, known_probability, weighted_sum
 from .fedavgm import fedavgm
 from .fednova import fednova, step_normalisation
 from .fedopt import ServerAdaptive, fedadagrad, fedadam, fedyogi
@@ -14,8 +12,9 @@ from .fedprox import ProximalObjective, fedprox
 from .scaffold import ControlVariateObjective, scaffold
 
 METHODS = {"fedavg": fedavg, "fedprox": fedprox, "scaffold": scaffold, "fednova": fednova, "fedavgm": fedavgm,
-           "fedadam": fedadam, "fedyogi": fedyogi, "fedadagrad": fedadagrad, "fedau": fedau}
-# Not training loops, so not in METHODS: `afl` (closed form, one shot) and `frl` (rank voting) are modules.
+           "fedadam": fedadam, "fedyogi": fedyogi, "fedadagrad": fedadagrad}
+# Not training loops, so not in METHODS: `afl` (closed form, one shot) and `frl` (rank voting) are modules,
+# imported at the end (with fedau) because they use the engine, which imports this package.
 
 
 def get_method(name: str | Method, **kwargs) -> Method:
@@ -34,3 +33,9 @@ __all__ = ["DataSizeWeighting", "LocalObjective", "Method", "RoundInfo", "Server
            "ProximalObjective", "fedprox", "ControlVariateObjective", "scaffold", "METHODS", "get_method", "afl", "frl",
            "FedAUWeighting", "KnownProbabilityWeighting", "fedau", "fedavg_participants", "known_probability",
            "weighted_sum"]
+
+from . import afl, frl  # noqa: E402
+from .fedau import (FedAUWeighting, KnownProbabilityWeighting, fedau, fedavg_participants,  # noqa: E402
+                    known_probability, weighted_sum)
+
+METHODS["fedau"] = fedau
