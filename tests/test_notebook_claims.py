@@ -23,8 +23,7 @@ def results_dir(tmp_path_factory) -> Path:
     return Path(os.environ.get("FEDLAB_NB_RESULTS") or tmp_path_factory.mktemp("results"))
 
 
-@pytest.mark.parametrize("paper_id", paper_ids(ROOT))
-def test_claims_match_stored_verdicts(paper_id, results_dir):
+def check_paper(paper_id: str, results_dir: Path):
     paper = load_paper(paper_id, ROOT)  # a malformed claims file fails here, naming the field
     for module in paper.requires:  # e.g. flwr, from the optional `flower` extra
         pytest.importorskip(module)
@@ -33,3 +32,14 @@ def test_claims_match_stored_verdicts(paper_id, results_dir):
     assert error is None, (f"{paper.notebook} failed in cell {error['cell']}: {error['ename']}: {error['evalue']} "
                            f"(executed notebook: {results_dir / result['notebook']})")
     assert not mismatches(result), "\n".join(mismatches(result))
+
+
+def _paper_class(paper_id: str):
+    """One test class per paper, so `pytest -n 2 --dist loadscope` spreads the notebooks over workers."""
+    def test_claims_match_stored_verdicts(self, results_dir):
+        check_paper(paper_id, results_dir)
+    return type(f"TestPaper_{paper_id}", (), {"test_claims_match_stored_verdicts": test_claims_match_stored_verdicts})
+
+
+for _id in paper_ids(ROOT):
+    globals()[f"TestPaper_{_id}"] = _paper_class(_id)
