@@ -133,6 +133,11 @@ def cmd_reproduce(args) -> int:
             C.claims_path(pid, root)
     status = 0
     for pid in tqdm(ids, desc="papers", unit="paper", file=sys.stderr, disable=len(ids) < 2):
+        missing = C.missing_requirements(C.load_paper(pid, root)) if args.all else []
+        if missing:  # an optional extra is not installed: not a failure of the reproduction
+            tqdm.write(f"{pid} ({args.scale}): SKIPPED — needs {', '.join(missing)} "
+                       f"(e.g. pip install -e '.[{'flower' if 'flwr' in missing else 'dev'}]')")
+            continue
         try:
             r = reproduce(pid, args.scale, args.force, device=args.device, out_dir=_results(args, root), root=root)
         except C.ReproError as e:  # e.g. an invalid claims file: report it, go on with the others

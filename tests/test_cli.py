@@ -145,3 +145,12 @@ def test_parameter_values_are_yaml():
                               ["sizes", "[1, 2]"]]) == {"alpha": 0.1, "n": 3, "iid": True, "name": "digits",
                                                         "sizes": [1, 2]}
     assert yaml.safe_load("0.1") == 0.1
+
+
+def test_reproduce_all_skips_papers_whose_extra_is_missing(repo, capsys):
+    root, args, results = repo
+    (root / "papers" / "tiny.yaml").unlink()
+    add_paper(root, "needs_extra", lambda d: d.update(requires=["no_such_module_for_fedlab_nb"]))
+    assert main(args + ["reproduce", "--all"]) == 0  # a missing optional extra is not a failed reproduction
+    assert "needs_extra (smoke): SKIPPED — needs no_such_module_for_fedlab_nb" in capsys.readouterr().out
+    assert not (results / "needs_extra-smoke.json").exists()

@@ -229,6 +229,12 @@ def load_claims(path: Path | str) -> Paper:
                  requires=tuple(c.value(data, "requires", "requires", (list,), "a list of module names", True) or ()))
 
 
+def missing_requirements(paper: Paper) -> list[str]:
+    """The modules in the paper's `requires` that cannot be imported here."""
+    import importlib.util
+    return [m for m in paper.requires if importlib.util.find_spec(m) is None]
+
+
 def load_paper(paper_id: str, root: Path | None = None) -> Paper:
     return load_claims(claims_path(paper_id, root))
 
