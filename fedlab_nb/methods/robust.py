@@ -202,12 +202,14 @@ def run_attack(rule: str, attack: str, fed: FederatedDataset, byzantine, *, f: i
     rule "honest_mean" is the reference: the plain mean over the honest clients only (the attack is
     ignored). attack: "none", "label_flip" or a name in `fedlab_nb.robust.attacks.ATTACKS` (hyper from
     `attack_hyper`, else `DEFAULT_ATTACK_HYPER`). Other keywords go to `simulate` (all clients take part
-    every round unless `clients_per_round` is given)."""
+    every round unless `clients_per_round` is given). A run the attack blows up (NaN updates) is not an
+    error here: `on_nonfinite="drop"` keeps the last finite model, whose accuracy records the collapse."""
     from ..engine import simulate
     byzantine = tuple(int(b) for b in byzantine)
     f = len(byzantine) if f is None else f
     simulate_kwargs.setdefault("clients_per_round", None)
     simulate_kwargs.setdefault("progress", False)
+    simulate_kwargs.setdefault("on_nonfinite", "drop")
     if attack not in ATTACK_NAMES:
         raise ValueError(f"attack must be one of {ATTACK_NAMES}, got {attack!r}")
     if rule == "honest_mean":
