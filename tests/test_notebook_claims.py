@@ -43,3 +43,16 @@ def _paper_class(paper_id: str):
 
 for _id in paper_ids(ROOT):
     globals()[f"TestPaper_{_id}"] = _paper_class(_id)
+
+
+class TestPapermillParameters:
+    """A notebook re-run by papermill with other parameters executes and records what its claims need."""
+
+    def test_partitions_with_changed_parameters(self, results_dir):
+        from fedlab_nb.repro.runner import run_notebook
+        params = {"n_clients": 10, "alphas": [0.1, 10.0], "n_seeds": 1, "synthetic_clients": 10, "seed": 3}
+        run = run_notebook("partitions", "smoke", parameters=params, out_dir=results_dir / "changed")
+        assert run["error"] is None, run["error"]
+        assert run["parameters"]["n_clients"] == 10
+        assert run["metrics"]["all_disjoint_complete"] is True
+        assert run["metrics"]["emd_falls_as_alpha_grows"] is True
