@@ -2,8 +2,9 @@
 # The whole test suite: unit tests, notebook claims (papermill, via `fedlab-nb reproduce`), nbval on every notebook.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# one pytest worker per core (counted before OMP_NUM_THREADS is set: GNU nproc obeys it), one thread each
+workers="${PYTEST_WORKERS:-$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)))')}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MPLBACKEND=Agg PYTHONUNBUFFERED=1
-workers="${PYTEST_WORKERS:-$(nproc)}"
 # loadscope keeps every notebook's cells on one worker (nbval needs them in order, in one kernel).
 exec .venv/bin/python -m pytest -n "$workers" --dist loadscope -p no:cacheprovider \
   --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks "$@"
