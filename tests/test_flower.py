@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import fedlab_nb as fl
 from fedlab_nb.engine.history import History

@@ -3,7 +3,6 @@ tiny fixture notebook (tests/data/tinyroot) run end to end through reproduce + r
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess

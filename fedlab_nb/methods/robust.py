@@ -16,7 +16,7 @@ IPM) read the honest momenta. The engine applies `simulate(attack=...)` to the r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
