@@ -5,8 +5,9 @@ import torch
 
 import fedlab_nb as fl
 from fedlab_nb.methods import RoundInfo
-from fedlab_nb.methods.robust import (CenteredClipping, GradientSplitting, WorkerMomentumObjective, engine_attack,
+from fedlab_nb.methods.robust import (CenteredClipping, GradientSplitting, WorkerMomentumObjective,
                                       flip_client_labels, honest_sampler, robust_method, robust_rule, run_attack)
+from fedlab_nb.robust.attacks import get_attack
 from fedlab_nb.robust.rules import centered_clip, krum
 
 
@@ -37,7 +38,7 @@ def test_worker_momentum_keeps_one_ema_per_client():
 def test_worker_momentum_attack_sees_momenta():
     seen = {}
 
-    def spy(updates, mask, g):
+    def spy(updates, mask, generator=None):
         seen["updates"], seen["mask"] = updates.clone(), mask.clone()
         out = updates.clone()
         out[mask] = 100.0
@@ -123,7 +124,7 @@ def test_attacked_run_is_deterministic(fed, rule, momentum, attack):
 def test_sign_flip_breaks_mean_but_not_honest_reference(fed):
     kw = dict(model="logreg", rounds=3, local_steps=1, batch_size=64, lr=1.0, seed=0)
     honest = run_attack("honest_mean", "sign_flip", fed, [0, 1, 2], **kw)
-    attacked = fl.simulate(robust_method("mean"), fed, attack=engine_attack("sign_flip", scale=10.0),
+    attacked = fl.simulate(robust_method("mean"), fed, attack=get_attack("sign_flip", scale=10.0),
                            byzantine=[0, 1, 2], clients_per_round=None, progress=False, **kw)
     assert attacked.final("test_loss") > honest.final("test_loss")
     with pytest.raises(ValueError, match="attack must be one of"):

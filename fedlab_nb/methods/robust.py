@@ -107,7 +107,7 @@ class WorkerMomentumObjective(LocalObjective):
     """Plain local training; each client then sends its momentum m_k ← β m_k + (1 − β) Δ_k instead of Δ_k
     (Karimireddy et al. 2021, Alg. 2, with Δ_k in place of the stochastic gradient). State: m [K, d].
 
-    `attack` (engine signature `attack(updates, byz_mask, generator)`) rewrites the messages of the
+    `attack` (`attack(updates, byz_mask, generator=g)`, as in the engine) rewrites the messages of the
     clients in `byzantine` *after* momentum, so omniscient attacks see the honest momenta. β = 0 is
     plain FedAvg messages with the attack applied at the same point."""
     beta: float = 0.9
@@ -130,7 +130,7 @@ class WorkerMomentumObjective(LocalObjective):
         byz = torch.isin(ids, torch.as_tensor(list(self.byzantine), dtype=ids.dtype, device=ids.device))
         if self.attack is not None and byz.any():
             g = torch.Generator().manual_seed(int(rng(self.seed, MOMENTUM_ATTACK, info.round).integers(2**62)))
-            messages = self.attack(messages, byz, g)
+            messages = self.attack(messages, byz, generator=g)
         return messages, {"m": m}
 
 
@@ -148,12 +148,6 @@ def robust_method(rule: str = "mean", f: int = 0, *, momentum: float = 0.0, atta
 
 
 # --- attacks ---------------------------------------------------------------------------------------------
-def engine_attack(name: str, **hyper) -> Callable:
-    """An attack from `fedlab_nb.robust.attacks` in the engine's positional form (updates, mask, generator)."""
-    attack = get_attack(name, **hyper)
-    return lambda updates, byzantine, generator: attack(updates, byzantine, generator=generator)
-
-
 class LabelFlippedDataset(FederatedDataset):
     """A copy of a `FederatedDataset` whose Byzantine clients train on flipped labels y → C − 1 − y.
 
@@ -221,7 +215,7 @@ def run_attack(rule: str, attack: str, fed: FederatedDataset, byzantine, *, f: i
         fed = flip_client_labels(fed, byzantine)
     elif attack != "none":
         hyper = attack_hyper if attack_hyper is not None else DEFAULT_ATTACK_HYPER.get(attack, {})
-        model_attack = engine_attack(attack, **hyper)
+        model_attack = get_attack(attack, **hyper)
     if momentum:  # the attack must see (and replace) the momentum messages
         method = robust_method(rule, f, momentum=momentum, attack=model_attack, byzantine=byzantine, seed=seed,
                                **(rule_hyper or {}))
