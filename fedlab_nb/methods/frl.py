@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..engine.client import batch_schedule
 from ..engine.history import History
 from ..utils import check_positive_int, rng
 
@@ -199,9 +200,10 @@ def _schedule(sizes, epochs: int, batch_size: int, generators) -> tuple[Tensor, 
     """Per-step batch indices [T, m, B], validity [T, m, B] and epoch [T, m] (−1: that client is done).
     Each client shuffles its own data every epoch; clients with less data finish earlier."""
     per_client = []
-    for n, g in zip(sizes, generators):
-        steps = [(e, idx) for e in range(epochs) for idx in torch.from_numpy(g.permutation(n)).split(batch_size)]
-        per_client.append(steps)
+    for n, g in zip(sizes, generators):  # the engine's schedule: a fresh permutation per epoch, cut into batches
+        per_epoch = -(-int(n) // batch_size)
+        batches = batch_schedule(int(n), batch_size, epochs, None, g)
+        per_client.append([(t // per_epoch, torch.from_numpy(b)) for t, b in enumerate(batches)])
     T, m = max(len(p) for p in per_client), len(sizes)
     idx = torch.zeros(T, m, batch_size, dtype=torch.long)
     valid = torch.zeros(T, m, batch_size, dtype=torch.bool)
