@@ -1,23 +1,27 @@
 """`fedlab-nb`: list papers, run or reproduce their notebooks, build the report, list data sets.
 
     fedlab-nb list
-    fedlab-nb run afl -p clients 20 --scale smoke --device cpu
+    fedlab-nb run afl -p clients 20 --scale smoke --device cpu    (writes results/runs/afl-smoke-<hash>/)
     fedlab-nb reproduce afl fedau --scale smoke [--force]      |   fedlab-nb reproduce --all
     fedlab-nb report
+    fedlab-nb figures check afl   |   fedlab-nb figures update afl   (papers/figures/afl.json)
     fedlab-nb data                |   fedlab-nb data fetch mnist
 Papers are papers/*.yaml under the repository root (the folder holding fedlab_nb/), or --root / $FEDLAB_NB_ROOT.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import re
 import sys
+import warnings
 from pathlib import Path
 
 import yaml
 
 from fedlab_nb.repro import claims as C
+from fedlab_nb.repro.results import StaleResultWarning, read_result, result_files
+from fedlab_nb.repro.verdicts import summary_text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,8 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--force", action="store_true", help="re-run even if the result is up to date")
     for p in (run, rep):
         p.add_argument("--scale", default="smoke", help="a scale of the claims file (default: smoke)")
-        p.add_argument("--device", help="override the notebook's device parameter (cpu, cuda, auto)")
+        p.add_argument("--device", type=_device, help="override the notebook's device parameter (cpu, cuda, auto)")
     command("report", "results/REPORT.md and results/index.html from all results")
+    figs = command("figures", "compare a smoke run's figure data with papers/figures/ID.json, or regenerate it")
+    figs.add_argument("action", choices=["check", "update"], help="check: compare; update: rewrite the reference")
+    figs.add_argument("paper")
+    figs.add_argument("--from", dest="from_dir", help="use this run folder (results/ID-smoke) instead of running")
     data = command("data", "registered data sets and whether they are available offline")
     fetch = data.add_subparsers(dest="data_command").add_parser(
         "fetch", help="download one data set's original files (needs internet; the only download)")
@@ -57,12 +65,36 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _device(text: str) -> str:
+    """--device: checked here, so a typo is a usage error (exit 2) rather than a failed notebook."""
+    if not re.fullmatch(r"auto|cpu|mps|(cuda|xpu)(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda, cuda:N, mps or auto")
+    return text
+
+
 def _root(args) -> Path:
     return Path(args.root) if args.root else C.default_root()
 
 
 def _results(args, root: Path) -> Path:
     return Path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results")
+
+
+def _registry() -> dict:
+    """The method registry with every method module loaded (and the Flower adapter when flwr is installed)."""
+    import importlib
+    import fedlab_nb.methods  # noqa: F401  (each method file registers itself)
+    from fedlab_nb.core.registry import REGISTRY
+    try:
+        importlib.import_module("fedlab_nb.flower")
+    except ImportError:
+        pass
+    return REGISTRY
+
+
+def _implemented_by(paper_id: str) -> str:
+    entries = [e for e in _registry().values() if e.claims == paper_id]
+    return ", ".join(f"{e.module.replace('.', '/')}.py ({e.key})" for e in entries) or "no registered method"
 
 
 def cmd_list(args) -> int:
@@ -79,17 +111,26 @@ def cmd_list(args) -> int:
             status = 1
             continue
         last = {}
-        for path in sorted(results.glob(f"{pid}-*.json")):
-            data = json.loads(path.read_text())
-            if data.get("paper") == pid:
+        for path, _, scale in result_files(results, pid):
+            data, problem = read_result(path)
+            if problem:  # a corrupt result is stale, not fatal
+                print(f"warning: {path} {problem}; treated as stale "
+                      f"(fedlab-nb reproduce {pid} --scale {scale} replaces it)", file=sys.stderr)
+                last[scale] = {"verdict": "stale (corrupt result file)", "claims": []}
+            elif data["paper"] == pid:
                 last[data["scale"]] = data
         runs = "; ".join(f"{s}: {r['verdict']}" for s, r in last.items()) or "not run yet"
         print(f"{pid} — {paper.method} ({len(paper.claims)} claims; last: {runs})")
+        print(f"  notebook {paper.notebook}; library: {_implemented_by(pid)}")
         for claim in paper.claims:
-            seen = ", ".join(f"{s}: {r['verdict']}" for s, r in last.items()
-                             for r in r["claims"] if r["id"] == claim.id)
-            print(f"  {claim.id} ({claim.metric} {claim.expect.text}): stored {claim.verdict}"
+            seen = ", ".join(f"{s}: {r['verdict']}" + (f" [{summary_text(r.get('interval'))}]" if r.get("interval") else "")
+                             for s, r in last.items() for r in r["claims"] if r["id"] == claim.id)
+            seeds = f", {claim.seeds} seeds" if claim.seeds is not None else ""
+            print(f"  {claim.id} ({claim.metric} {claim.expect.text}{seeds}): stored {claim.verdict}"
                   + (f"; last {seen}" if seen else ""))
+    free = sorted(f"{e.key} ({e.module.replace('.', '/')}.py)" for e in _registry().values() if not e.claims)
+    if free:
+        print("registered methods without a claims file yet: " + ", ".join(free))
     return status
 
 
@@ -108,7 +149,7 @@ def cmd_run(args) -> int:
     root = _root(args)
     params = _parse_parameters(args.parameter)
     out = run_notebook(args.paper, args.scale, params, args.device, _results(args, root), root)
-    print(f"executed notebook: {out['notebook']}  ({out['wall_seconds']} s)")
+    print(f"executed notebook: {out['notebook']}  ({out['wall_seconds']} s; figures and metrics in {out['run_dir']})")
     for name, value in sorted(out["metrics"].items()):
         print(f"  {name} = {value}")
     if out["error"]:
@@ -128,35 +169,52 @@ def cmd_reproduce(args) -> int:
     if args.all == bool(args.papers):
         raise UsageError("give paper ids or --all (not both)")
     ids = C.paper_ids(root) if args.all else args.papers
+    if args.all and not ids:
+        raise UsageError(f"no claims files in {root / 'papers'}; give --root the repository that holds papers/*.yaml")
     if not args.all:  # fail fast on a typo before running anything
         for pid in ids:
             C.claims_path(pid, root)
-    status = 0
+    status, failed = 0, []
     for pid in tqdm(ids, desc="papers", unit="paper", file=sys.stderr, disable=len(ids) < 2):
-        missing = C.missing_requirements(C.load_paper(pid, root)) if args.all else []
-        if missing:  # an optional extra is not installed: not a failure of the reproduction
-            tqdm.write(f"{pid} ({args.scale}): SKIPPED — needs {', '.join(missing)} "
-                       f"(e.g. pip install -e '.[{'flower' if 'flwr' in missing else 'dev'}]')")
-            continue
-        try:
-            r = reproduce(pid, args.scale, args.force, device=args.device, out_dir=_results(args, root), root=root)
-        except C.ReproError as e:  # e.g. an invalid claims file: report it, go on with the others
+        try:  # an invalid claims file or a bad parameter: report it, go on with the others
+            missing = C.missing_requirements(C.load_paper(pid, root)) if args.all else []
+            if missing:  # an optional extra is not installed: not a failure of the reproduction
+                tqdm.write(f"{pid} ({args.scale}): SKIPPED — needs {', '.join(missing)} "
+                           f"(e.g. pip install -e '.[{'flower' if 'flwr' in missing else 'dev'}]')")
+                continue
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", StaleResultWarning)
+                r = reproduce(pid, args.scale, args.force, device=args.device, out_dir=_results(args, root),
+                              root=root)
+            _show_warnings(caught)
+        except C.ReproError as e:
             tqdm.write(f"{pid}: error: {e}", file=sys.stderr)
-            status = max(status, 1)
+            status, failed = max(status, e.exit_code), failed + [pid]
             continue
         state = "up to date" if r.get("skipped") else f"{r['wall_seconds']} s"
         tqdm.write(f"{pid} ({args.scale}): {r['verdict'].upper()}  [{state}]")
         if r["error"]:
             e = r["error"]
             tqdm.write(f"  notebook failed in cell {e['cell']}: {e['ename']}: {e['evalue']}", file=sys.stderr)
-            status = 1
+            status = max(status, 1)
         for c in r["claims"]:
             tqdm.write(f"  {c['id']}: {c['verdict']}" + (f" ({c['reason']})" if c.get("reason") else ""))
         if args.scale == "smoke" and not r["error"]:  # stored verdicts are smoke-scale verdicts
             for line in mismatches(r):
                 tqdm.write(f"  MISMATCH {line}", file=sys.stderr)
-                status = 1
+                status = max(status, 1)
+    if failed and len(ids) > 1:
+        print(f"{len(failed)} of {len(ids)} papers could not be reproduced: {', '.join(failed)}", file=sys.stderr)
     return status
+
+
+def _show_warnings(caught) -> None:
+    """Stale-result warnings as one line each; any other warning goes on as usual."""
+    for w in caught:
+        if issubclass(w.category, StaleResultWarning):
+            print(f"warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def cmd_report(args) -> int:
@@ -165,6 +223,25 @@ def cmd_report(args) -> int:
     print(build_report(results))
     print(f"wrote {results / 'REPORT.md'} and {results / 'index.html'}", file=sys.stderr)
     return 0
+
+
+def cmd_figures(args) -> int:
+    from fedlab_nb.repro import figures as F
+    root = _root(args)
+    paper = C.load_paper(args.paper, root)
+    if args.action == "update":
+        path, lines = F.update_reference(paper, _results(args, root), args.from_dir)
+        print("\n".join(f"  {line}" for line in lines))
+        print(f"wrote {path}")
+        return 0
+    reference = F.load_reference(paper.id, root)
+    if reference is None:
+        raise C.ReproError(f"no reference {F.reference_path(paper.id, root)}; create it with "
+                           f"`fedlab-nb figures update {paper.id}`")
+    folder = F.smoke_run_dir(paper.id, root, _results(args, root), args.from_dir)
+    problems = F.compare_figures(F.run_figures(folder), reference["figures"], paper.figure_tolerance)
+    print("\n".join(f"  {p}" for p in problems) or f"{paper.id}: figure data within tolerance of the reference")
+    return 1 if problems else 0
 
 
 def cmd_data(args) -> int:
@@ -195,7 +272,8 @@ class UsageError(C.ReproError):
     exit_code = 2
 
 
-COMMANDS = {"list": cmd_list, "run": cmd_run, "reproduce": cmd_reproduce, "report": cmd_report, "data": cmd_data}
+COMMANDS = {"list": cmd_list, "run": cmd_run, "reproduce": cmd_reproduce, "report": cmd_report, "data": cmd_data,
+            "figures": cmd_figures}
 
 
 def main(argv=None) -> int:

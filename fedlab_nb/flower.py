@@ -1,18 +1,19 @@
 """Run any fedlab_nb `Method` on Flower (flwr 1.42, Message API), unchanged.
 
-    ServerApp ─ MethodStrategy ── θ, shared objective state (SCAFFOLD: c) ──► sampled SuperNodes
-        ▲   sample with rng(seed, 1, r)                                        │ ClientApp: the engine's
-        │                                                                      │ local SGD on one LocalJob
-        └─ after_local → aggregate → server_step → evaluate ◄── Δ_k, n_k, τ_k, old c_k ┘
+    ServerApp ─ MethodStrategy ── broadcast (θ, SCAFFOLD's c ...) ──────────► sampled SuperNodes
+        ▲   sample with rng(seed, SAMPLE, r)                                   │ ClientApp: the engine's
+        │                                                                      │ client_round + uplink on
+        └─ server_update → evaluate ◄──── message entries (Δ_k, Δc_k ...), n_k, τ_k ┘ its own store row
 
-The strategy calls the same `Method` functions as `fedlab_nb.simulate`, and each ClientApp runs the
-engine's `train_clients_loop` on one `LocalJob` whose mini-batches come from rng(seed, 2, r, k), as in
-`server._local_jobs`. So one seed gives the same History in-process and on Flower.
+The strategy calls the same `server_update` as `fedlab_nb.simulate`, and each ClientApp runs the engine's
+`client_round` (the method's client update, on the loop kernel) and uplink transforms for its one client,
+with mini-batches from rng(seed, BATCHES, r, k). So one seed gives the same History in-process and on
+Flower (for uplink transforms that draw random numbers, each client draws its own stream here).
 
-Where state lives: entries of the objective's state that are dicts `{client id: tensor}` (SCAFFOLD's
-c_k) are kept by each ClientApp in `context.state`; the server sees a client's old entry only while it
-aggregates that client's update, then drops it. Tensors (SCAFFOLD's c) and the weighting, rule and
-server-optimiser state stay in the strategy.
+Where state lives: the client store's row of client k (SCAFFOLD's c_k, kept-local tensors, worker
+momentum ...) is held by its ClientApp in `context.state`; it never reaches the server. The server's state
+(weighting, rule, server optimiser, the objective's shared tensors) stays in the strategy. Personal models
+live on the clients, so the History here has the global-model metrics only.
 """
 from __future__ import annotations
 
@@ -34,13 +35,19 @@ try:
 except ImportError:
     raise ImportError('fedlab_nb.flower needs Flower: pip install "fedlab_nb[flower]"') from None
 
+from .core.messages import Messages, dense_bytes
+from .core.registry import register
+from .core.streams import SAMPLE
 from .data.federated import FederatedDataset
 from .engine.client import make_loss, train_clients_loop
+from .engine.evaluate import Evaluator
 from .engine.history import History
 from .engine.sampling import make_sampler
-from .engine.server import SAMPLE, Evaluator, RunConfig, local_job, server_update
+from .engine.server import (RoundSetup, RunConfig, build_model, client_round, local_job, server_update,
+                            uplink)
+from .engine.store import ClientStore
 from .methods import Method, RoundInfo, get_method
-from .models import flatten_params, make_model
+from .models import flatten_params, param_spec
 from .utils import rng
 
 __all__ = ["to_flower", "run_on_flower", "MethodStrategy", "local_job", "server_update"]
@@ -58,20 +65,6 @@ def _to_tensor(a: Array, device) -> torch.Tensor:
     return torch.from_numpy(a.numpy().copy()).to(device)
 
 
-def _split_objective_state(state: dict, method_name: str) -> tuple[dict, list[str]]:
-    """(tensors the server broadcasts, names of per-client tables the clients keep)."""
-    shared, tables = {}, []
-    for name, value in state.items():
-        if isinstance(value, dict):
-            tables.append(name)
-        elif isinstance(value, torch.Tensor):
-            shared[name] = value
-        else:
-            raise ValueError(f"method {method_name!r}: objective state entry {name!r} is a {type(value).__name__}; "
-                             "on Flower it must be a tensor (shared) or a dict {client id: tensor} (kept by clients)")
-    return shared, tables
-
-
 # --- what both apps are built from -------------------------------------------------------------------
 @dataclass
 class _Setup:
@@ -81,6 +74,7 @@ class _Setup:
     cfg: RunConfig
     sampler: Callable
     theta0: torch.Tensor
+    round: RoundSetup       # what the engine's client_round / server_update need
 
     @property
     def num_clients(self) -> int:
@@ -107,14 +101,11 @@ def _setup(method, fed, model="mlp", *, rounds=20, clients_per_round=10, local_e
     cfg = RunConfig(rounds, None if callable(clients_per_round) else clients_per_round, local_epochs, local_steps,
                     batch_size, lr, seed, eval_every)
     cfg.validate()
-    if isinstance(model, str):
-        with torch.random.fork_rng(devices=[]):  # the same θ₀ as simulate(..., seed=seed)
-            torch.manual_seed(seed)
-            model = make_model(model, fed.input_shape, fed.num_classes, **(model_kwargs or {}))
-    model = model.to(fed.device)
+    model = build_model(model, fed, seed, model_kwargs)  # the same θ₀ as simulate(..., seed=seed)
     theta0 = flatten_params(model).to(fed.device)
-    _split_objective_state(method.objective.init_state(theta0, fed.num_clients), method.name)  # fail early
-    return _Setup(method, fed, model, cfg, make_sampler(clients_per_round, fed.num_clients), theta0)
+    groups = method.groups.resolve(param_spec(model))
+    rs = RoundSetup(method, fed, cfg, make_loss(model), groups, train_clients_loop)
+    return _Setup(method, fed, model, cfg, make_sampler(clients_per_round, fed.num_clients), theta0, rs)
 
 
 # --- server side -------------------------------------------------------------------------------------
@@ -126,7 +117,6 @@ class MethodStrategy(Strategy):
         self.s, self.connect_timeout = setup, connect_timeout
         self.theta = setup.theta0.clone()
         self.state = setup.method.init_state(self.theta, setup.num_clients)
-        _, self.tables = _split_objective_state(self.state["objective"], setup.method.name)
         self.evaluator = Evaluator(setup.model, setup.fed)
         self.nodes: dict[int, int] = {}     # our client id k -> Flower node id
         self.rows: list[dict] = []
@@ -162,10 +152,9 @@ class MethodStrategy(Strategy):
             self._connect(grid)
         self._t0, r = time.perf_counter(), server_round - 1
         self.sampled = self.s.sampler(r, self.s.num_clients, rng(self.s.cfg.seed, SAMPLE, r))
-        shared, _ = _split_objective_state(self.state["objective"], self.s.method.name)
-        content = RecordDict({"arrays": ArrayRecord({"theta": _to_array(self.theta)}),
-                              "objective": ArrayRecord({n: _to_array(t) for n, t in shared.items()}),
-                              "config": ConfigRecord({"round": r, "tables": ",".join(self.tables)})})
+        self.down = self.s.method.broadcast(self.state, self.theta)
+        content = RecordDict({"broadcast": ArrayRecord({n: _to_array(t) for n, t in self.down.items()}),
+                              "config": ConfigRecord({"round": r})})
         return [Message(content, dst_node_id=self.nodes[int(k)], message_type=MessageType.TRAIN) for k in self.sampled]
 
     def aggregate_train(self, server_round: int, replies):
@@ -176,18 +165,17 @@ class MethodStrategy(Strategy):
         row = {"round": server_round, "n_sampled": len(self.sampled), "train_loss": float("nan")}
         if good:
             dev, metrics = self.theta.device, [m.content["metrics"] for m in good]
-            info = RoundInfo(server_round - 1, np.array([int(m["client-id"]) for m in metrics]),
-                             torch.tensor([float(m["num-examples"]) for m in metrics], device=dev),
-                             torch.tensor([float(m["steps"]) for m in metrics], device=dev), self.s.num_clients, self.s.cfg.lr)
-            deltas = torch.stack([_to_tensor(m.content["update"]["delta"], dev) for m in good])
+            ids = np.array([int(m["client-id"]) for m in metrics])
+            names = list(good[0].content["message"].keys())
+            msgs = Messages({n: torch.stack([_to_tensor(m.content["message"][n], dev) for m in good]) for n in names},
+                            ids, torch.tensor([int(m["bytes-up"]) for m in metrics]))
+            info = RoundInfo(server_round - 1, ids, torch.tensor([float(m["num-examples"]) for m in metrics], device=dev),
+                             torch.tensor([float(m["steps"]) for m in metrics], device=dev), self.s.num_clients,
+                             self.s.cfg.lr, self.theta, msgs)
             losses = torch.tensor([float(m["train-loss"]) for m in metrics], device=dev)
-            for name in self.tables:  # the clients' old entries, for this aggregation only
-                self.state["objective"][name] = {int(k): _to_tensor(m.content["client_state"][name], dev)
-                                                 for k, m in zip(info.client_ids, good) if name in m.content["client_state"]}
-            self.theta, self.state, row["train_loss"] = server_update(self.s.method, self.state, self.theta, info,
-                                                                      deltas, losses, self.s.cfg.on_nonfinite)
-            for name in self.tables:
-                self.state["objective"][name] = {}
+            row.update(bytes_up=int(msgs.bytes.sum()), bytes_down=len(self.sampled) * dense_bytes(self.down))
+            self.theta, self.state, row["train_loss"] = server_update(self.s.method, self.state, self.theta, info, msgs,
+                                                                      losses, self.s.cfg.on_nonfinite, self.s.round.groups)
         self.rows.append(row)
         return ArrayRecord({"theta": _to_array(self.theta)}), MetricRecord({"train_loss": row["train_loss"]})
 
@@ -246,7 +234,8 @@ def _client_id(context: Context, num_clients: int) -> int:
 
 
 def _client_app(setup: _Setup) -> ClientApp:
-    app, loss_fn, objective = ClientApp(), make_loss(setup.model), setup.method.objective
+    app, method = ClientApp(), setup.method
+    defaults = method.client_state(setup.theta0, setup.round.groups)
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
@@ -255,27 +244,24 @@ def _client_app(setup: _Setup) -> ClientApp:
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        k, dev, cfg = _client_id(context, setup.num_clients), setup.fed.device, setup.cfg
-        r, tables = int(msg.content["config"]["round"]), [t for t in str(msg.content["config"]["tables"]).split(",") if t]
-        theta = _to_tensor(msg.content["arrays"]["theta"], dev)
+        k, dev = _client_id(context, setup.num_clients), setup.fed.device
+        r = int(msg.content["config"]["round"])
+        down = {n: _to_tensor(a, dev) for n, a in msg.content["broadcast"].items()}
         held = context.state[STATE_KEY] if STATE_KEY in context.state else ArrayRecord()
-        old = {n: _to_tensor(held[n], dev) for n in tables if n in held}
-        state = {**{n: _to_tensor(a, dev) for n, a in msg.content["objective"].items()},
-                 **{n: ({k: old[n]} if n in old else {}) for n in tables}}
-        ids = np.array([k])
-        ctx = objective.client_context(state, ids, theta)
-        job = local_job(setup.fed, k, cfg, r, None if ctx is None else ctx[0])
-        deltas, losses = train_clients_loop(loss_fn, theta, [job], cfg.lr, objective)
-        # our own next entries (c_k⁺), by the same function the in-process engine runs on the server
-        info = RoundInfo(r, ids, torch.tensor([float(len(job.y))], device=dev),
-                         torch.tensor([float(len(job.batches))], device=dev), setup.num_clients, cfg.lr)
-        _, new = objective.after_local(state, deltas, info)
-        context.state[STATE_KEY] = ArrayRecord({n: _to_array(new[n][k]) for n in tables if k in new[n]})
+        store = ClientStore(defaults, 1, dev)  # this client's own row, from context.state (defaults at first)
+        if len(held):
+            store.scatter([0], {n: _to_tensor(a, dev)[None] for n, a in held.items()})
+        cstate = store.gather([0], dev)
+        entries, cstate, losses, jobs = client_round(setup.round, r, np.array([k]), down, cstate)
+        msgs, cstate = uplink(setup.round, r, Messages(entries, np.array([k])), cstate,
+                              torch.zeros(1, dtype=torch.bool), None, down["theta"])
+        if cstate:
+            context.state[STATE_KEY] = ArrayRecord({n: _to_array(t[0]) for n, t in cstate.items()})
         return Message(RecordDict({
-            "update": ArrayRecord({"delta": _to_array(deltas[0])}),
-            "client_state": ArrayRecord({n: _to_array(t) for n, t in old.items()}),
-            "metrics": MetricRecord({"client-id": k, "num-examples": len(job.y), "steps": len(job.batches),
-                                     "train-loss": float(losses[0])})}), reply_to=msg)
+            "message": ArrayRecord({n: _to_array(t[0]) for n, t in msgs.tensors.items()}),
+            "metrics": MetricRecord({"client-id": k, "num-examples": len(jobs[0].y), "steps": len(jobs[0].batches),
+                                     "train-loss": float(losses[0]), "bytes-up": int(msgs.wire_bytes()[0])})}),
+            reply_to=msg)
     return app
 
 
@@ -292,6 +278,7 @@ def _build(method, fed, model, timeout, **run):
     return _server_app(setup, lambda h: box.__setitem__("history", h), timeout), _client_app(setup), box
 
 
+@register("flower", claims="flower", notebook="flower", kind="module")
 def to_flower(method: Method | str, fed: FederatedDataset, model: str | torch.nn.Module = "mlp", *, rounds: int = 20,
               clients_per_round=10, local_epochs: int = 1, local_steps: int | None = None, batch_size: int = 32,
               lr: float = 0.05, seed: int = 0, eval_every: int = 1, model_kwargs: dict | None = None,

@@ -1,14 +1,18 @@
 """Plain `nn.Module` models and the module ↔ flat-vector helpers the engine moves parameters with.
 
 Models take flat rows `[batch, D]` (how `Dataset` stores every input) and reshape inside when they need
-an image. No BatchNorm or dropout: local training is then a pure function of (parameters, batch),
-which is what `torch.func` needs to vectorise clients.
+an image. The plain models have no BatchNorm or dropout: local training is then a pure function of
+(parameters, batch), which is what `torch.func` needs to vectorise clients. `mlp_bn` / `cnn_bn` add
+BatchNorm (for FedBN); their running statistics are buffers, which the engine passes explicitly
+(`buffer_spec`, `flatten_buffers`, `unflatten_buffers`) and trains on the loop backend only.
 """
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -35,6 +39,10 @@ class MLP(nn.Module):
     def forward(self, x):
         return self.body(x)
 
+    def representation(self, x):
+        """The last hidden layer's activations (what MOON contrasts)."""
+        return self.body[:-1](x)
+
 
 class CNN(nn.Module):
     """Two 5×5 conv + max-pool blocks and two dense layers (McMahan et al.'s CNN, narrower), for C×H×W
@@ -56,9 +64,90 @@ class CNN(nn.Module):
     def forward(self, x):
         return self.head(self.features(x.reshape(x.shape[0], *self.input_shape)))
 
+    def representation(self, x):
+        """The last hidden layer's activations (what MOON contrasts)."""
+        return self.head[:-1](self.features(x.reshape(x.shape[0], *self.input_shape)))
+
+
+class _Representation(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model.representation(x)
+
+
+def representation(model: nn.Module, params: dict, x: torch.Tensor) -> torch.Tensor:
+    """`model.representation(x)` (its penultimate layer, [B, h]) with parameters `params` (name → tensor),
+    stateless like `functional_call` (works under torch.func's grad and vmap). Any module with a
+    `representation(x)` method qualifies."""
+    if not callable(getattr(model, "representation", None)):
+        raise TypeError(f"{type(model).__name__} has no representation(x) method; use 'mlp' or 'cnn', or add one "
+                        "returning the penultimate layer's activations")
+    from torch.func import functional_call
+    return functional_call(_Representation(model), {f"model.{k}": v for k, v in params.items()}, (x,))
+
+
+# --- models with BatchNorm (FedBN) -----------------------------------------------------------------
+class BatchNorm1dAnyBatch(nn.BatchNorm1d):
+    """BatchNorm1d that also accepts a 1-row training batch (a client's last mini-batch of an epoch can
+    hold one sample): that batch is normalised with the running statistics, which it leaves unchanged."""
+
+    def forward(self, x):
+        if self.training and x.shape[0] == 1:
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        return super().forward(x)
+
+
+class MLPBN(nn.Module):
+    """MLP with BatchNorm after every hidden Linear (Linear → BN → ReLU). Modules are named `fc{i}`,
+    `bn{i}` and `head` (the last Linear), so FedBN's pattern `*bn*` selects exactly the BatchNorm tensors."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden=(200, 200)):
+        super().__init__()
+        sizes, layers = [in_features, *hidden], OrderedDict()
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers[f"fc{i}"], layers[f"bn{i}"], layers[f"relu{i}"] = nn.Linear(a, b), BatchNorm1dAnyBatch(b), nn.ReLU()
+        self.body = nn.Sequential(layers)
+        self.head = nn.Linear(sizes[-1], num_classes)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+    def representation(self, x):
+        return self.body(x)
+
+
+class CNNBN(nn.Module):
+    """`CNN` with BatchNorm after each conv (BatchNorm2d) and after the hidden dense layer, as in FedBN's
+    digit-classification CNN (narrower). Modules named `conv{i}`, `bn{i}`, `fc`, `head` (the last Linear)."""
+
+    def __init__(self, input_shape, num_classes: int, channels=(16, 32), hidden: int = 128):
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ValueError(f"CNNBN needs an image input_shape (C, H, W), got {input_shape}; use 'mlp_bn' for vectors")
+        c, h, w = input_shape
+        self.input_shape = tuple(input_shape)
+        self.features = nn.Sequential(OrderedDict([
+            ("conv0", nn.Conv2d(c, channels[0], 5, padding=2)), ("bn0", nn.BatchNorm2d(channels[0])),
+            ("relu0", nn.ReLU()), ("pool0", nn.MaxPool2d(2)),
+            ("conv1", nn.Conv2d(channels[0], channels[1], 5, padding=2)), ("bn1", nn.BatchNorm2d(channels[1])),
+            ("relu1", nn.ReLU()), ("pool1", nn.MaxPool2d(2)), ("flat", nn.Flatten()),
+            ("fc", nn.Linear(channels[1] * (h // 4) * (w // 4), hidden)), ("bn2", BatchNorm1dAnyBatch(hidden)),
+            ("relu2", nn.ReLU())]))
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        return self.head(self.features(x.reshape(x.shape[0], *self.input_shape)))
+
+    def representation(self, x):
+        return self.features(x.reshape(x.shape[0], *self.input_shape))
+
 
 def make_model(name: str, input_shape, num_classes: int, **kwargs) -> nn.Module:
-    """`"logreg"`, `"mlp"` (kwargs: hidden), `"cnn"` for a data set's `input_shape` and class count."""
+    """`"logreg"`, `"mlp"` (kwargs: hidden), `"cnn"`, `"mlp_bn"` / `"cnn_bn"` (with BatchNorm) for a data set's
+    `input_shape` and class count."""
     d = math.prod(input_shape)
     if name in ("logreg", "logistic"):
         return LogisticRegression(d, num_classes)
@@ -66,7 +155,12 @@ def make_model(name: str, input_shape, num_classes: int, **kwargs) -> nn.Module:
         return MLP(d, num_classes, **kwargs)
     if name == "cnn":
         return CNN(input_shape, num_classes, **kwargs)
-    raise ValueError(f"unknown model {name!r}; choose 'logreg', 'mlp' or 'cnn' (or pass an nn.Module)")
+    if name == "mlp_bn":
+        return MLPBN(d, num_classes, **kwargs)
+    if name == "cnn_bn":
+        return CNNBN(input_shape, num_classes, **kwargs)
+    raise ValueError(f"unknown model {name!r}; choose 'logreg', 'mlp', 'cnn', 'mlp_bn' or 'cnn_bn' "
+                     "(or pass an nn.Module)")
 
 
 # --- parameters as one flat vector ---------------------------------------------------------------
@@ -103,3 +197,34 @@ def load_flat(model: nn.Module, flat: torch.Tensor) -> nn.Module:
 
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# --- buffers (BatchNorm running statistics) as one flat vector ------------------------------------
+def buffer_spec(model: nn.Module) -> list[tuple[str, torch.Size, torch.dtype]]:
+    """(name, shape, dtype) of every buffer (BatchNorm running mean / var / batch count); [] for the plain models."""
+    return [(n, b.shape, b.dtype) for n, b in model.named_buffers()]
+
+
+def flatten_buffers(model: nn.Module, dtype=torch.float32) -> torch.Tensor:
+    """All buffers concatenated into one detached 1-D tensor of `dtype` (empty without buffers)."""
+    bufs = [b.detach().reshape(-1).to(dtype) for b in model.buffers()]
+    return torch.cat(bufs) if bufs else torch.zeros(0, dtype=dtype)
+
+
+def unflatten_buffers(flat: torch.Tensor, spec) -> dict[str, torch.Tensor]:
+    """Fresh tensors (copies, in each buffer's own dtype) from a flat buffer vector: a forward pass in
+    training mode updates them in place, and `torch.cat` of them flattens them back."""
+    out, i = {}, 0
+    for name, shape, dtype in spec:
+        n = math.prod(shape)
+        out[name] = flat[i:i + n].reshape(shape).to(dtype, copy=True)
+        i += n
+    return out
+
+
+def load_buffers(model: nn.Module, flat: torch.Tensor) -> nn.Module:
+    """Copy a flat buffer vector into the model's buffers in place (returns the model)."""
+    with torch.no_grad():
+        for b, v in zip(model.buffers(), unflatten_buffers(flat, buffer_spec(model)).values()):
+            b.copy_(v)
+    return model

@@ -35,3 +35,23 @@ def bars(values: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=None, 
     sns.barplot(data=values, x=x, y=y, hue=hue, errorbar="sd", ax=ax)
     ax.set(title=title)
     return ax
+
+
+def client_accuracy(runs: dict, ax=None, title: str = "local test accuracy per client"):
+    """The distribution over clients of local-test accuracy: `runs` maps a name to a finished History
+    (its `client_acc`: the global model's and, for personalised methods, each client's own model's accuracy
+    on every client's test split) or to an array of per-client accuracies. Box + points, one row each."""
+    rows = []
+    for name, run in runs.items():
+        per = getattr(run, "client_acc", None) if not isinstance(run, (np.ndarray, list)) else {"": np.asarray(run)}
+        if per is None:
+            raise ValueError(f"{name!r}: this History has no per-client accuracies (evaluate at least once)")
+        for model, acc in per.items():
+            if model != "client":
+                rows += [{"run": f"{name} — {model}" if model else name, "accuracy": float(a)} for a in acc]
+    data = pd.DataFrame(rows)
+    ax = ax or plt.subplots(figsize=(6, 0.5 * data["run"].nunique() + 1.2))[1]
+    sns.boxplot(data=data, x="accuracy", y="run", ax=ax, color="0.9", showfliers=False)
+    sns.stripplot(data=data, x="accuracy", y="run", ax=ax, size=3, alpha=0.7)
+    ax.set(title=title, xlabel="accuracy on the client's own test split", ylabel="")
+    return ax

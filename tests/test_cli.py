@@ -82,7 +82,10 @@ def test_run_with_parameters(repo, capsys):
     out = capsys.readouterr().out
     assert "value = 20.0" in out and "double = 40.0" in out
     assert "value_huge (value >= 10): REPRODUCED" in out
-    assert (results / "tiny-smoke.ipynb").is_file() and not (results / "tiny-smoke.json").exists()
+    # `run` has its own folder: it never overwrites what `reproduce` wrote (and the board embeds)
+    [folder] = (results / "runs").iterdir()
+    assert (folder / "tiny-smoke.ipynb").is_file() and (folder / "tiny-smoke" / "main.png").is_file()
+    assert not (results / "tiny-smoke.ipynb").exists() and not (results / "tiny-smoke.json").exists()
 
 
 @pytest.mark.notebook

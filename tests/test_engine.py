@@ -31,21 +31,24 @@ def test_fedavg_of_identical_updates_is_that_update():
 
 
 def test_scaffold_control_variates():
-    """c_k⁺ = c_k − c − Δ_k/(τ_k η) (option II) and c ← c + (|S|/N)·mean(Δc)."""
+    """Client: c_k⁺ = c_k − c − Δ_k/(τ_k η) (option II), sending Δc_k = c_k⁺ − c_k; server: c ← c + (|S|/N)·mean(Δc)."""
+    from fedlab_nb.core.messages import Messages
     obj = ControlVariateObjective()
     theta = torch.zeros(3)
     state = obj.init_state(theta, 4)
     state["c"] = torch.tensor([0.1, 0.2, 0.3])
+    down = obj.broadcast(state)
+    cstate = {"c_k": torch.stack([obj.client_state(theta)["c_k"]] * 2)}
     deltas = torch.tensor([[1.0, 0.0, -1.0], [2.0, 2.0, 2.0]])
     info = RoundInfo(0, np.array([0, 2]), torch.ones(2), torch.tensor([2.0, 4.0]), 4, 0.5)
-    ctx = obj.client_context(state, info.client_ids, theta)
-    assert torch.allclose(ctx, state["c"].repeat(2, 1))  # c − c_k with c_k = 0
-    _, new = obj.after_local(state, deltas, info)
+    assert torch.allclose(obj.context(down, cstate), state["c"].repeat(2, 1))  # c − c_k with c_k = 0
+    extra, new = obj.finish(deltas, down, cstate, info.steps, info.lr)
     c_k0 = -state["c"] - deltas[0] / (2 * 0.5)
     c_k2 = -state["c"] - deltas[1] / (4 * 0.5)
-    assert torch.allclose(new["c_k"][0], c_k0) and torch.allclose(new["c_k"][2], c_k2)
-    assert torch.allclose(new["c"], state["c"] + (2 / 4) * (c_k0 + c_k2) / 2)
-    assert set(new["c_k"]) == {0, 2}
+    assert torch.allclose(new["c_k"][0], c_k0) and torch.allclose(new["c_k"][1], c_k2)
+    assert torch.allclose(extra["delta_c"], new["c_k"])  # the old c_k were 0
+    c = obj.server_update(state, Messages({"delta": deltas, **extra}, info.client_ids), info)["c"]
+    assert torch.allclose(c, state["c"] + (2 / 4) * (c_k0 + c_k2) / 2)
 
 
 def test_batch_schedule_epochs_and_steps():
@@ -64,7 +67,7 @@ def test_methods_learn_and_are_deterministic(digits_fed, method):
     pd.testing.assert_frame_equal(pd.DataFrame(a), pd.DataFrame(b))
     assert a.final("test_acc") > 0.4, "four rounds on digits should beat chance (0.1) clearly"
     assert list(a.columns) == ["round", "n_sampled", "train_loss", "test_loss", "test_acc", "client_acc_mean",
-                               "client_acc_std", "client_acc_p10"]
+                               "client_acc_std", "client_acc_p10", "bytes_up", "bytes_down"]
 
 
 def test_different_seed_differs(digits_fed):
@@ -124,7 +127,7 @@ def test_bernoulli_sampler_allows_empty_rounds(digits_fed):
     assert (h["n_sampled"] >= 0).all() and len(h) == 3
 
 
-@pytest.mark.parametrize("kw,match", [({"rounds": 0}, "rounds must be an integer"), ({"lr": -1.0}, "lr must be > 0"),
+@pytest.mark.parametrize("kw,match", [({"rounds": 0}, "rounds must be an integer"), ({"lr": -1.0}, "lr must be a number > 0"),
                                       ({"clients_per_round": 99}, "clients_per_round=99"),
                                       ({"backend": "gpu"}, "backend must be"), ({"stragglers": 2.0}, "stragglers")])
 def test_bad_simulate_arguments(digits_fed, kw, match):

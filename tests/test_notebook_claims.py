@@ -1,5 +1,6 @@
 """Every papers/*.yaml: run its notebook at smoke scale (the code path of `fedlab-nb reproduce --all
---scale smoke`) and require each claim's verdict to equal the verdict stored in the claims file.
+--scale smoke`) and require each claim's verdict to equal the verdict stored in the claims file, and its
+figure data to stay within tolerance of papers/figures/<id>.json (skipped until that reference exists).
 
 Papers come from the repository (or $FEDLAB_NB_ROOT). Results go to a temporary folder, or to
 $FEDLAB_NB_RESULTS when set (then up-to-date results are reused).
@@ -13,6 +14,8 @@ import pytest
 
 from fedlab_nb.repro.claims import default_root, load_paper, paper_ids
 from fedlab_nb.repro.runner import mismatches, reproduce
+
+from test_figure_data import assert_figures_match
 
 pytestmark = pytest.mark.notebook
 ROOT = default_root()  # the repository, or $FEDLAB_NB_ROOT
@@ -34,11 +37,28 @@ def check_paper(paper_id: str, results_dir: Path):
     assert not mismatches(result), "\n".join(mismatches(result))
 
 
+def check_figures(paper_id: str, results_dir: Path):
+    """The run's figure data (save_figure's *.data.json) against papers/figures/<id>.json, if it exists."""
+    paper = load_paper(paper_id, ROOT)
+    for module in paper.requires:
+        pytest.importorskip(module)
+    result = reproduce(paper_id, "smoke", root=ROOT, out_dir=results_dir)  # up to date after the claims test
+    if "figure_data" not in result:  # a stored result from before figure data was recorded
+        result = reproduce(paper_id, "smoke", root=ROOT, out_dir=results_dir, force=True)
+    if result["error"]:
+        pytest.skip("the notebook failed; test_claims_match_stored_verdicts reports it")
+    assert_figures_match(paper, results_dir / f"{paper_id}-smoke")
+
+
 def _paper_class(paper_id: str):
     """One test class per paper, so `pytest -n 2 --dist loadscope` spreads the notebooks over workers."""
     def test_claims_match_stored_verdicts(self, results_dir):
         check_paper(paper_id, results_dir)
-    return type(f"TestPaper_{paper_id}", (), {"test_claims_match_stored_verdicts": test_claims_match_stored_verdicts})
+
+    def test_figures_match_reference(self, results_dir):
+        check_figures(paper_id, results_dir)
+    return type(f"TestPaper_{paper_id}", (), {"test_claims_match_stored_verdicts": test_claims_match_stored_verdicts,
+                                              "test_figures_match_reference": test_figures_match_reference})
 
 
 for _id in paper_ids(ROOT):

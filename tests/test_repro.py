@@ -185,11 +185,11 @@ def test_record_converts_scalars_and_writes_sidecar(run_dir):
     assert type(stored["steps"]) is int and repro.recorded() == stored
 
 
-def test_record_refuses_arrays_and_bad_names(run_dir):
-    with pytest.raises(TypeError, match="single number"):
-        repro.record("acc", np.ones(3))
-    with pytest.raises(TypeError, match="number, bool or str"):
-        repro.record("acc", [1, 2])
+def test_record_refuses_2d_arrays_and_bad_names(run_dir):
+    with pytest.raises(TypeError, match="1-D sequence"):  # 1-D sequences are per-seed values (test_verdicts.py)
+        repro.record("acc", np.ones((3, 2)))
+    with pytest.raises(TypeError, match="number, bool, str or a 1-D sequence"):
+        repro.record("acc", {"a": 1})
     with pytest.raises(ValueError, match="identifier"):
         repro.record("final acc", 1.0)
 

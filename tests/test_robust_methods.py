@@ -5,7 +5,7 @@ import torch
 
 import fedlab_nb as fl
 from fedlab_nb.methods import RoundInfo
-from fedlab_nb.methods.robust import (CenteredClipping, GradientSplitting, WorkerMomentumObjective,
+from fedlab_nb.methods.robust import (CenteredClipping, GradientSplitting, WorkerMomentum,
                                       flip_client_labels, honest_sampler, robust_method, robust_rule, run_attack)
 from fedlab_nb.robust.attacks import get_attack
 from fedlab_nb.robust.rules import centered_clip, krum
@@ -21,39 +21,52 @@ def fed():
     return fl.federate("digits", "pathological", n_clients=10, seed=0, classes_per_client=2)
 
 
+def _momentum_round(transform, ids, deltas, cstate):
+    from fedlab_nb.core.messages import Messages, TransformContext
+    ctx = TransformContext(0, np.asarray(ids), torch.zeros(len(ids), dtype=torch.bool), torch.Generator(), torch.zeros(3))
+    msgs, new = transform(Messages({"delta": deltas}, np.asarray(ids)), cstate, ctx)
+    return msgs["delta"], new
+
+
 def test_worker_momentum_keeps_one_ema_per_client():
-    obj = WorkerMomentumObjective(beta=0.5)
-    state = obj.init_state(torch.zeros(3), 5)
+    """m_k ← β m_k + (1 − β) Δ_k, one m_k per client in the client store, kept while a client is absent."""
+    from fedlab_nb.engine.store import ClientStore
+    wm = WorkerMomentum(beta=0.5)
+    store = ClientStore(wm.client_state(torch.zeros(3)), 5)
     d1 = torch.tensor([[2.0, 0, 0], [0, 4.0, 0]])
-    out, state = obj.after_local(state, d1, _info([1, 3]))
+    out, new = _momentum_round(wm, [1, 3], d1, store.gather([1, 3], "cpu"))
+    store.scatter([1, 3], new)
     assert torch.allclose(out, 0.5 * d1)  # m = β·0 + (1 − β)Δ
     d2 = torch.tensor([[2.0, 0, 0], [0, 0, 8.0]])
-    out, state = obj.after_local(state, d2, _info([1, 4]))
+    out, new = _momentum_round(wm, [1, 4], d2, store.gather([1, 4], "cpu"))
+    store.scatter([1, 4], new)
     assert torch.allclose(out[0], torch.tensor([1.5, 0, 0]))  # 0.5·1 + 0.5·2: client 1's history is used
     assert torch.allclose(out[1], torch.tensor([0, 0, 4.0]))  # client 4 starts from zero
-    assert torch.allclose(state["m"][3], torch.tensor([0, 2.0, 0]))  # absent client 3 keeps its momentum
-    assert torch.count_nonzero(state["m"][[0, 2]]) == 0
+    m = store.all("cpu")["m"]
+    assert torch.allclose(m[3], torch.tensor([0, 2.0, 0]))  # absent client 3 keeps its momentum
+    assert torch.count_nonzero(m[[0, 2]]) == 0
+    with pytest.raises(ValueError, match="beta"):
+        WorkerMomentum(beta=1.0)
 
 
-def test_worker_momentum_attack_sees_momenta():
-    seen = {}
+def test_worker_momentum_attack_sees_momenta(fed):
+    """In a real run the engine's attack rewrites the momenta (after the uplink transform), not Δ."""
+    seen = []
 
     def spy(updates, mask, generator=None):
-        seen["updates"], seen["mask"] = updates.clone(), mask.clone()
+        seen.append((updates.clone(), mask.clone()))
         out = updates.clone()
-        out[mask] = 100.0
+        out[mask] = 0.0
         return out
 
-    obj = WorkerMomentumObjective(beta=0.5, attack=spy, byzantine=(4,))
-    state = obj.init_state(torch.zeros(2), 5)
-    out, state = obj.after_local(state, torch.ones(3, 2), _info([0, 2, 4]))
-    assert torch.allclose(seen["updates"], torch.full((3, 2), 0.5))  # the attack read the momenta, not Δ
-    assert seen["mask"].tolist() == [False, False, True]
-    assert torch.all(out[2] == 100.0) and torch.allclose(out[:2], torch.full((2, 2), 0.5))
-    with pytest.raises(ValueError, match="beta"):
-        WorkerMomentumObjective(beta=1.0)
-
-
+    method = robust_method("mean", momentum=0.5)
+    ref = robust_method("mean")
+    kw = dict(model="logreg", rounds=2, clients_per_round=None, lr=0.1, progress=False, byzantine=[4])
+    fl.simulate(method, fed, attack=spy, **kw)
+    fl.simulate(ref, fed, attack=lambda u, m, generator=None: seen.append((u.clone(), m.clone())) or u, **kw)
+    (mom1, mask1), _, (raw1, _), _ = seen
+    assert mask1.tolist() == [k == 4 for k in range(10)]
+    assert torch.allclose(mom1, 0.5 * raw1)  # round 1: m = (1 − β)Δ, the attack saw m
 def test_centered_clipping_centre_is_previous_aggregate():
     rule = CenteredClipping(tau=0.5, iters=2)
     state = rule.init_state(torch.zeros(4), 3)

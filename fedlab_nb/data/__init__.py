@@ -7,3 +7,7 @@ from .partition import (PARTITIONERS, Partition, dirichlet, feature_skew, iid, m
 __all__ = ["DATASETS", "Dataset", "DatasetNotAvailable", "list_datasets", "load_dataset", "FederatedDataset",
            "federate", "PARTITIONERS", "Partition", "dirichlet", "feature_skew", "iid", "make_partition", "natural",
            "pathological", "quantity_skew", "shards"]
+
+from ..core.registry import register as _register
+
+_register("partitions", claims="partitions", notebook="01_partitions", kind="module")(make_partition)

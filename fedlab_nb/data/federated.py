@@ -10,6 +10,35 @@ from .datasets import Dataset, load_dataset
 from .partition import Partition, make_partition
 
 
+def _check_dataset(dataset: Dataset, parts: Partition) -> None:
+    """Labels in [0, num_classes), finite inputs and partition rows that exist: later these would be a deep
+    torch IndexError, or silently NaN losses."""
+    k = dataset.num_classes
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"{dataset.name}: num_classes must be a positive integer, got {k!r}")
+    for split in ("train", "test"):
+        x, y = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
+        if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+            raise ValueError(f"{dataset.name}: y_{split} must hold integer class ids (e.g. torch.int64), "
+                             f"got {y.dtype}; convert with .long() after removing NaN labels")
+        bad = (y < 0) | (y >= k)
+        if bad.any():
+            rows = bad.nonzero().flatten()
+            raise ValueError(f"{dataset.name}: y_{split} has labels outside [0, num_classes={k}) in {len(rows)} rows "
+                             f"(first: row {int(rows[0])}, label {int(y[rows[0]])}); set num_classes to at least "
+                             f"{int(y.max()) + 1} or remap the labels to 0 … {k - 1}")
+        nonfinite = ~torch.isfinite(x).reshape(len(x), -1).all(dim=1) if len(x) else torch.zeros(0, dtype=torch.bool)
+        if nonfinite.any():
+            rows = nonfinite.nonzero().flatten()
+            raise ValueError(f"{dataset.name}: x_{split} has NaN or inf in {len(rows)} rows (first: "
+                             f"{rows[:5].tolist()}); drop or impute those rows before federating")
+    n, used = len(dataset.y_train), [p for p in parts if len(p)]
+    low, high = min((int(p.min()) for p in used), default=0), max((int(p.max()) for p in used), default=0)
+    if low < 0 or high >= n:
+        raise ValueError(f"the partition refers to training rows {low} … {high} but {dataset.name} has rows "
+                         f"0 … {n - 1}; build the partition from this data set's labels (dataset.y_train.numpy())")
+
+
 class FederatedDataset:
     """Clients' train/test rows of one `Dataset`.
 
@@ -20,10 +49,11 @@ class FederatedDataset:
 
     def __init__(self, dataset: Dataset, parts: Partition, test_fraction: float = 0.2, seed: int = 0,
                  device: str | torch.device = "cpu"):
-        if not 0 <= test_fraction < 1:
-            raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+        if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not 0 <= test_fraction < 1:
+            raise ValueError(f"test_fraction must be a number in [0, 1), e.g. 0.2, got {test_fraction!r}")
         if len(parts) == 0:
             raise ValueError("the partition has no clients")
+        _check_dataset(dataset, parts)
         self.dataset, self.partition, self.device = dataset, parts, resolve_device(device)
         g = np.random.default_rng([seed, 7])
         self.train_idx, self.test_idx = [], []
@@ -54,6 +84,34 @@ class FederatedDataset:
         self.device = resolve_device(device)
         self._materialise()
         return self
+
+    @classmethod
+    def from_clients(cls, clients, test=None, *, name: str = "custom", num_classes: int | None = None,
+                     device="cpu") -> "FederatedDataset":
+        """A federation from per-client training arrays `clients = [(x_k, y_k), ...]`, kept as given (no
+        local test split; dtypes kept, e.g. float64). `test`: the global (x, y), default all clients' rows.
+        Integer y are class ids and checked like any data set; float y are regression targets (e.g.
+        FedAU's quadratic clients: y_k = c_k), for `simulate(..., loss=...)`; `num_classes` is then the
+        target width."""
+        xs = [torch.as_tensor(np.asarray(x)) for x, _ in clients]
+        ys = [torch.as_tensor(np.asarray(y)) for _, y in clients]
+        if not xs or any(len(x) != len(y) or len(y) == 0 for x, y in zip(xs, ys)):
+            raise ValueError("clients must be a non-empty list of (x, y) with len(x) == len(y) >= 1 per client")
+        x, y = torch.cat(xs), torch.cat(ys)
+        x_test, y_test = (x, y) if test is None else (torch.as_tensor(np.asarray(t)) for t in test)
+        regression = y.dtype.is_floating_point
+        if num_classes is None:
+            num_classes = (int(y[0].numel()) if regression else int(max(y.max(), y_test.max())) + 1)
+        ds = Dataset(name, x, y, x_test, y_test, int(num_classes), tuple(x.shape[1:]))
+        ends = np.cumsum([len(t) for t in ys])
+        parts = Partition([np.arange(e - len(t), e) for e, t in zip(ends, ys)], name="given")
+        if not regression:
+            return cls(ds, parts, test_fraction=0.0, device=device)
+        fed = cls.__new__(cls)
+        fed.dataset, fed.partition, fed.device = ds, parts, resolve_device(device)
+        fed.train_idx, fed.test_idx = list(parts), [np.zeros(0, np.int64) for _ in parts]
+        fed._materialise()
+        return fed
 
     # --- what a model and the engine need ----------------------------------------------------
     @property
@@ -117,7 +175,9 @@ class FederatedDataset:
     def __repr__(self) -> str:
         s = self.sizes
         return (f"FederatedDataset({self.dataset.name}, {self.partition.name}, clients={self.num_clients}, "
-                f"n_k in [{s.min()}, {s.max()}], EMD={self.heterogeneity():.3f}, device={self.device})")
+                f"n_k in [{s.min()}, {s.max()}], "
+                + ("" if self.dataset.y_train.dtype.is_floating_point else f"EMD={self.heterogeneity():.3f}, ")
+                + f"device={self.device})")
 
 
 def federate(dataset: str | Dataset = "mnist5k", partition: str = "dirichlet", n_clients: int = 10, seed: int = 0,

@@ -5,6 +5,7 @@ naming the parameter and the fix; nothing is silently truncated.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,14 +24,42 @@ class Partition(list):
         return np.array([len(p) for p in self])
 
 
+def _count(name: str, value, example: str) -> int:
+    """An integer parameter >= 1; floats, strings and bools are refused rather than rounded or compared."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r} ({type(value).__name__}); "
+                         f"pass a whole number such as {name}={example}")
+    return int(value)
+
+
+def _number(name: str, value, low: float, example: str, strict: bool = True) -> float:
+    """A finite real parameter > low (>= low when not `strict`); strings, NaN and inf are refused."""
+    bound = f"> {low:g}" if strict else f">= {low:g}"
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+          and math.isfinite(value) and (value > low if strict else value >= low))
+    if not ok:
+        raise ValueError(f"{name} must be {bound}, a finite number, got {value!r} ({type(value).__name__}); "
+                         f"e.g. {name}={example}")
+    return float(value)
+
+
+def _keys(values, what: str) -> np.ndarray:
+    """A 1-D array of labels / group keys without NaN or inf (a NaN row would silently belong to no client)."""
+    values = np.asarray(values)
+    if values.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D array of class ids, got shape {values.shape}")
+    if values.dtype.kind in "fc" and not np.isfinite(values).all():
+        rows = np.flatnonzero(~np.isfinite(values))
+        raise ValueError(f"{what} contain NaN or inf in {len(rows)} rows (first: {rows[:5].tolist()}); "
+                         "drop or impute those rows before partitioning")
+    return values
+
+
 def _check(labels, n_clients: int, min_size: int = 1) -> np.ndarray:
-    labels = np.asarray(labels)
-    if labels.ndim != 1:
-        raise ValueError(f"labels must be a 1-D array of class ids, got shape {labels.shape}")
-    if isinstance(n_clients, bool) or not isinstance(n_clients, (int, np.integer)) or n_clients < 1:
-        raise ValueError(f"n_clients must be a positive integer, got {n_clients!r}")
-    if min_size < 0:
-        raise ValueError(f"min_size must be >= 0, got {min_size}")
+    labels = _keys(labels, "labels")
+    _count("n_clients", n_clients, "10")
+    if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 0:
+        raise ValueError(f"min_size must be >= 0 (a whole number such as 10), got {min_size!r}")
     if n_clients * max(min_size, 1) > len(labels):
         raise ValueError(f"n_clients={n_clients} × min_size={max(min_size, 1)} exceeds the {len(labels)} samples; "
                          f"use at most {len(labels) // max(min_size, 1)} clients or a smaller min_size")
@@ -48,8 +77,7 @@ def dirichlet(labels, n_clients: int, alpha: float, seed: int = 0, min_size: int
     """Label skew of Hsu et al. (2019): for every class c, split its samples among clients with
     proportions q_c ~ Dir(α·1). Small α → each client sees few classes. Redraws until every client has
     `min_size` samples (the common recipe) and says so when that is impossible."""
-    if not np.isfinite(alpha) or alpha <= 0:
-        raise ValueError(f"alpha must be > 0 (smaller = more skewed, e.g. 0.1; large = near IID), got {alpha}")
+    _number("alpha", alpha, 0, "0.1 (smaller = more skewed; large = near IID)")
     labels = _check(labels, n_clients, min_size)
     g = np.random.default_rng(seed)
     classes = np.unique(labels)
@@ -72,8 +100,7 @@ def shards(labels, n_clients: int, shards_per_client: int = 2, seed: int = 0) ->
     """McMahan et al. (2017)'s pathological non-IID split: sort by label, cut into
     n_clients × shards_per_client equal shards, give each client `shards_per_client` random shards."""
     labels = _check(labels, n_clients)
-    if shards_per_client < 1:
-        raise ValueError(f"shards_per_client must be >= 1, got {shards_per_client}")
+    _count("shards_per_client", shards_per_client, "2")
     n_shards = n_clients * shards_per_client
     if n_shards > len(labels):
         raise ValueError(f"shards: {n_shards} shards for {len(labels)} samples; lower n_clients or shards_per_client")
@@ -89,7 +116,7 @@ def pathological(labels, n_clients: int, classes_per_client: int = 2, seed: int 
     order so every class is used); a class's samples are split evenly among the clients holding it."""
     labels = _check(labels, n_clients)
     classes = np.unique(labels)
-    k = classes_per_client
+    k = _count("classes_per_client", classes_per_client, "2")
     if not 1 <= k <= len(classes):
         raise ValueError(f"classes_per_client={k} must be between 1 and the number of classes ({len(classes)})")
     g = np.random.default_rng(seed)
@@ -115,13 +142,9 @@ def quantity_skew(labels, n_clients: int, kind: str = "lognormal", sigma: float 
     labels = _check(labels, n_clients, min_size)
     g = np.random.default_rng(seed)
     if kind == "lognormal":
-        if sigma < 0:
-            raise ValueError(f"sigma must be >= 0 (0 = equal sizes), got {sigma}")
-        share = g.lognormal(0.0, sigma, n_clients)
+        share = g.lognormal(0.0, _number("sigma", sigma, 0, "1.0 (0 = equal sizes)", strict=False), n_clients)
     elif kind == "dirichlet":
-        if alpha <= 0:
-            raise ValueError(f"alpha must be > 0 for kind='dirichlet', got {alpha}")
-        share = g.dirichlet(np.full(n_clients, alpha))
+        share = g.dirichlet(np.full(n_clients, _number("alpha", alpha, 0, "0.5 (for kind='dirichlet')")))
     else:
         raise ValueError(f"kind must be 'lognormal' or 'dirichlet', got {kind!r}")
     spare = len(labels) - n_clients * min_size
@@ -168,8 +191,7 @@ def feature_skew(labels, n_clients: int, kind: str = "noise", strength: float = 
     a scale factor spread over [1 − strength, 1 + strength], or a rotation spread over [0, strength] degrees."""
     if kind not in ("noise", "rotation", "scale"):
         raise ValueError(f"kind must be 'noise', 'rotation' or 'scale', got {kind!r}")
-    if strength < 0:
-        raise ValueError(f"strength must be >= 0, got {strength}")
+    strength = _number("strength", strength, 0, "0.5", strict=False)
     parts = iid(labels, n_clients, seed)
     pos = np.linspace(0, 1, n_clients) if n_clients > 1 else np.zeros(1)
     amount = {"noise": strength * pos, "rotation": strength * pos, "scale": 1 + strength * (2 * pos - 1)}[kind]
@@ -180,9 +202,10 @@ def feature_skew(labels, n_clients: int, kind: str = "noise", strength: float = 
 def natural(groups, n_clients: int | None = None, min_size: int = 1) -> Partition:
     """One client per value of a group key (writer, speaker, country, Synthetic's client id ...).
     `n_clients` keeps the first n groups in sorted order of the key."""
-    groups = np.asarray(groups)
+    groups = _keys(groups, "groups")
     keys = np.unique(groups)
     if n_clients is not None:
+        _count("n_clients", n_clients, f"{len(keys)} (one client per group) or None")
         if n_clients > len(keys):
             raise ValueError(f"n_clients={n_clients} exceeds the {len(keys)} natural groups; use at most {len(keys)}")
         keys = keys[:n_clients]

@@ -34,11 +34,16 @@ PARAM_COPIES = 6                      # d-float buffers per client: W, ∇, corr
 
 
 # --- the masked loss --------------------------------------------------------------------------------
-def make_masked_loss(model: nn.Module):
-    """loss(params, x [B, D], y [B], mask [B]) = Σ_i mask_i CE_i / Σ_i mask_i: the mean cross-entropy of
-    the real rows of a padded batch (0 when the batch is all padding). `params`: name → tensor."""
+def make_masked_loss(model: nn.Module, criterion=None):
+    """loss(params, x [B, D], y [B], mask [B]) = Σ_i mask_i ℓ_i / Σ_i mask_i: the mean loss of the real rows
+    of a padded batch (0 when the batch is all padding). `params`: name → tensor. ℓ: cross-entropy, or
+    `criterion(outputs, y, reduction="none")` (a torch.nn.functional loss) when given."""
+    crit = criterion or F.cross_entropy
+
     def loss(params, x, y, mask):
-        per_row = F.cross_entropy(functional_call(model, params, (x,)), y, reduction="none")
+        per_row = crit(functional_call(model, params, (x,)), y, reduction="none")
+        if criterion is not None:  # regression losses come per output entry
+            per_row = per_row.reshape(per_row.shape[0], -1).mean(1)
         return (per_row * mask).sum() / mask.sum().clamp_min(1)
     return loss
 
@@ -65,7 +70,7 @@ def param_loss(loss_fn, theta: torch.Tensor, model: nn.Module | None):
     gradient per parameter tensor. Without it, any row-mean `loss_fn(θ, x, y)` works, with one flat
     "parameter", evaluated row by row (slower)."""
     if model is not None:
-        return param_spec(model), make_masked_loss(model)
+        return param_spec(model), make_masked_loss(model, getattr(loss_fn, "criterion", None))
 
     def rowwise(params, x, y, mask):
         per_row = vmap(lambda xi, yi: loss_fn(params["theta"], xi[None], yi[None]))(x, y)
@@ -142,12 +147,24 @@ def stacked_views(W: torch.Tensor, spec) -> dict[str, torch.Tensor]:
     return out
 
 
-def _client_step(loss, spec, objective, with_correction: bool):
+def _masked_extra_loss(loss, objective, model):
+    """The masked loss plus the objective's per-row `extra_loss` averaged over the real rows (MOON)."""
+    if model is None:
+        raise ValueError(f"{type(objective).__name__} adds a loss term on the model; build the loss with make_loss(model)")
+
+    def full(params, x, y, mask, ctx, anchor):
+        extra = objective.extra_loss(model, params, x, y, anchor, ctx)
+        return loss(params, x, y, mask) + (extra * mask).sum() / mask.sum().clamp_min(1)
+    return full
+
+
+def _client_step(loss, spec, objective, with_correction: bool, model=None):
     """One client's (update direction ∇f̂_k + correction per parameter tensor, batch loss); vmapped."""
-    grad_loss = grad_and_value(loss)
+    extra = getattr(objective, "extra_loss", None) is not None
+    grad_loss = grad_and_value(_masked_extra_loss(loss, objective, model) if extra else loss)
 
     def step(params, x, y, mask, ctx, anchor):
-        g, value = grad_loss(params, x, y, mask)
+        g, value = grad_loss(params, x, y, mask, *((ctx, anchor) if extra else ()))
         if with_correction:  # the objective's term sees the flat w, as in the loop
             w = torch.cat([params[name].reshape(-1) for name, _ in spec])
             corr = unflatten(objective.correction(w, anchor, ctx), spec)
@@ -156,8 +173,9 @@ def _client_step(loss, spec, objective, with_correction: bool):
     return step
 
 
-def _train_chunk(step, spec, theta, jobs, lr):
-    """Local SGD of `jobs` (sorted by τ, longest first) from θ; returns (W − θ [c, d], mean loss [c])."""
+def _train_chunk(step, spec, theta, jobs, lr, start=None, optimizer=None, trained=None):
+    """Local training of `jobs` (sorted by τ, longest first) from their start rows (θ by default), anchored
+    at θ; returns (W [c, d], mean loss [c]). Only tensors in `trained` move (all when None)."""
     dev, c = theta.device, len(jobs)
     sizes = np.array([len(j.y) for j in jobs])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -170,49 +188,69 @@ def _train_chunk(step, spec, theta, jobs, lr):
     with_ctx = jobs[0].ctx is not None
     ctx = torch.stack([j.ctx for j in jobs]).to(dev) if with_ctx else None
     batched = vmap(step, in_dims=(0, 0, 0, 0, 0 if with_ctx else None, None))
-    W = theta.repeat(c, 1)        # the clients' flat parameters, [c, d]
+    W = theta.repeat(c, 1) if start is None else start   # the clients' flat parameters, [c, d] (a fresh copy)
     P = stacked_views(W, spec)    # the same memory, one [c, *shape] view per parameter tensor
+    moving = [n for n in P if trained is None or n in trained]
+    plain = optimizer is None or (optimizer.plain and trained is None)
+    if not plain:
+        buffers = {k: torch.zeros_like(W) for k in optimizer.state_names()}
+        views = {k: stacked_views(b, spec) for k, b in buffers.items()}
+    step_lr = lr if optimizer is None or optimizer.lr is None else optimizer.lr
     total = theta.new_zeros(c)
     for s, (a, b) in enumerate(zip(active, width)):
         idx = rows[s, :a, :b]
         g, loss = batched({n: p[:a] for n, p in P.items()}, x[idx], y[idx], mask[s, :a, :b],
                           ctx[:a] if with_ctx else None, theta)
-        for name, p in P.items():
-            p[:a].sub_(g[name], alpha=lr)  # w ← w − η·u
+        t = torch.tensor(s + 1)  # every active client is at its (s+1)-th step
+        for name in moving:
+            if plain:
+                P[name][:a].sub_(g[name], alpha=step_lr)  # w ← w − η·u
+            else:
+                optimizer.step_(P[name][:a], g[name], {k: v[name][:a] for k, v in views.items()}, t, step_lr)
         total[:a] += loss.detach()
-    return W.sub_(theta), total / torch.as_tensor(tau, device=dev, dtype=theta.dtype)
+    return W, total / torch.as_tensor(tau, device=dev, dtype=theta.dtype).clamp_min(1)
 
 
 # --- the backend --------------------------------------------------------------------------------------
 def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, objective, *,
-                       budget: int | None = None, model: nn.Module | None = None):
-    """Same contract and result as `train_clients_loop`: every job's local SGD from θ, returned as
-    (Δ [m, d], mean local loss [m]), computed in memory-bounded chunks of vmapped clients.
-    `budget`: bytes per chunk (default `memory_budget`); `model`: gives the masked loss directly."""
+                       budget: int | None = None, model: nn.Module | None = None, start: torch.Tensor | None = None,
+                       optimizer=None, groups=None, weights: bool = False):
+    """Same contract and result as `train_clients_loop`: every job's local training from its start row
+    (θ by default), returned as (Δ [m, d], mean local loss [m]) — or (W, losses) with `weights=True` —
+    computed in memory-bounded chunks of vmapped clients. `budget`: bytes per chunk (default
+    `memory_budget`); `model`: gives the masked loss directly; `optimizer`, `groups`: as in the loop."""
     if not jobs:
         return theta.new_zeros(0, theta.numel()), theta.new_zeros(0)
     if getattr(objective, "vmappable", True) is False:
         raise ValueError(f"{type(objective).__name__} is not vmappable; use backend='loop'")
-    spec, loss = param_loss(loss_fn, theta, model or model_of(loss_fn))
+    model = model or model_of(loss_fn)
+    if model is not None and next(model.buffers(), None) is not None:
+        raise ValueError("models with buffers (BatchNorm running statistics) train on the loop backend only")
+    spec, loss = param_loss(loss_fn, theta, model)
     ctx0 = jobs[0].ctx
     with_correction = objective.correction(theta, theta, None if ctx0 is None else ctx0.to(theta.device)) is not None
-    step = _client_step(loss, spec, objective, with_correction)
+    step = _client_step(loss, spec, objective, with_correction, model)
     order = np.argsort([-len(j.batches) for j in jobs], kind="stable")
     jobs_sorted = [jobs[i] for i in order]
+    trained = None if groups is None or len(groups.trained) == len(groups.spec) else groups.trained
+    if trained is not None and spec[0][0] == "theta":
+        raise ValueError("parameter groups need the model behind loss_fn (make_loss(model)); use backend='loop'")
 
     j0 = jobs_sorted[0]
     row_bytes = j0.x[:1].numel() * j0.x.element_size() + j0.y.element_size()
     batch = max((len(b) for j in jobs for b in j.batches), default=1)
     act = activation_bytes_per_row(loss_fn, theta, j0.x[:2].to(theta.device), j0.y[:2].to(theta.device))
-    per_param = theta.numel() * theta.element_size() * (PARAM_COPIES + (j0.ctx is not None))
+    copies = PARAM_COPIES + (j0.ctx is not None) + (0 if optimizer is None else len(optimizer.state_names()))
+    per_param = theta.numel() * theta.element_size() * copies
     cost = np.array([per_param + 2 * batch * (act + row_bytes) + len(j.y) * row_bytes for j in jobs_sorted])
     chunks = plan_chunks(cost, budget if budget is not None else memory_budget(theta.device))
 
-    deltas = theta.new_empty(len(jobs), theta.numel())
+    out = theta.new_empty(len(jobs), theta.numel())
     losses = theta.new_empty(len(jobs))
     for chunk in chunks:
-        d, l = _train_chunk(step, spec, theta, [jobs_sorted[i] for i in chunk], lr)
         where = torch.as_tensor(order[chunk], device=theta.device)
-        deltas.index_copy_(0, where, d)
+        W0 = None if start is None else start.index_select(0, where)
+        W, l = _train_chunk(step, spec, theta, [jobs_sorted[i] for i in chunk], lr, W0, optimizer, trained)
+        out.index_copy_(0, where, W if weights else W.sub_(theta))
         losses.index_copy_(0, where, l)
-    return deltas, losses
+    return out, losses

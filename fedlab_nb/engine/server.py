@@ -1,13 +1,12 @@
-"""The round loop (`simulate`): sample → broadcast → local training → (attack) → aggregate → server step
-→ evaluate, with atomic per-round checkpoints and exact resume.
+"""The round loop (`simulate`): sample → broadcast → client update → uplink transforms (attack) →
+aggregate → server step → evaluate, with atomic per-round checkpoints and exact resume.
 
-All randomness is keyed by (seed, purpose, round, client), so a resumed run, or the same run on the
-other backend, draws the same clients and the same mini-batches without saving any generator state.
-"""
+All randomness is keyed by (seed, stream, round, client) (`core.streams`), so a resumed run, or the same
+run on the other backend, draws the same clients and the same mini-batches without saving generator state.
+The engine imports the contract layer (`fedlab_nb.core`), data and models — never `fedlab_nb.methods`."""
 from __future__ import annotations
 
-import hashlib
-import os
+import inspect
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -16,17 +15,18 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..core.messages import Messages, dense_bytes
+from ..core.method import Method, RoundInfo
+from ..core.streams import ATTACK, BATCHES, SAMPLE, STRAGGLE, TRANSFORM
 from ..data.federated import FederatedDataset
-from ..methods import Method, RoundInfo, get_method
-from torch.func import functional_call
-
-from ..models import flatten_params, make_model, param_spec, unflatten
+from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
 from ..utils import check_positive_int, rng
+from .checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
+from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
 from .history import History
 from .sampling import make_sampler
-
-SAMPLE, BATCHES, STRAGGLE, ATTACK = 1, 2, 3, 4  # stream ids for `rng(seed, stream, round, ...)`
+from .store import ClientStore
 
 
 class NonFiniteUpdateError(FloatingPointError):
@@ -47,45 +47,58 @@ class RunConfig:
     drop_stragglers: bool = False       # drop stragglers' updates (the FedAvg baseline of FedProx's experiments)
     backend: str = "auto"               # "loop" | "vmap" | "auto" (vmap where the method allows it)
     on_nonfinite: str = "raise"         # "raise" | "drop"
-    byzantine: tuple = ()               # ids of Byzantine clients (their updates go through `attack`)
+    byzantine: tuple = ()               # ids of Byzantine clients (their messages go through `attack`)
     extra: dict = field(default_factory=dict)
 
-    def validate(self):
+    def validate(self, num_clients: int | None = None):
         check_positive_int("rounds", self.rounds)
         check_positive_int("local_epochs", self.local_epochs)
         check_positive_int("batch_size", self.batch_size)
         check_positive_int("eval_every", self.eval_every)
+        check_positive_int("seed", self.seed, minimum=0)
         if self.local_steps is not None:
             check_positive_int("local_steps", self.local_steps)
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.stragglers <= 1:
-            raise ValueError(f"stragglers is a fraction in [0, 1], got {self.stragglers}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float, np.floating)) or not self.lr > 0:
+            raise ValueError(f"lr must be a number > 0 (e.g. lr=0.05), got {self.lr!r}")
+        cpr = self.clients_per_round
+        if isinstance(cpr, bool) or not (cpr is None or isinstance(cpr, (int, float, np.integer, np.floating))):
+            raise ValueError(f"clients_per_round must be an int (clients), a fraction in (0, 1], None (all) or a "
+                             f"sampler callable, got {cpr!r}")
+        if not isinstance(self.stragglers, (int, float)) or not 0 <= self.stragglers <= 1:
+            raise ValueError(f"stragglers is a fraction in [0, 1], got {self.stragglers!r}")
         if self.backend not in ("loop", "vmap", "auto"):
             raise ValueError(f"backend must be 'loop', 'vmap' or 'auto', got {self.backend!r}")
         if self.on_nonfinite not in ("raise", "drop"):
             raise ValueError(f"on_nonfinite must be 'raise' or 'drop', got {self.on_nonfinite!r}")
+        if num_clients is not None:
+            bad = [b for b in self.byzantine if not 0 <= b < num_clients]
+            if bad:
+                raise ValueError(f"byzantine ids {bad} are not clients of this federation; use ids in 0 … {num_clients - 1}")
 
 
-def _fingerprint(cfg: RunConfig, method: Method, fed: FederatedDataset, model: torch.nn.Module) -> str:
-    text = repr((asdict(cfg), repr(method), fed.dataset.name, fed.partition.name, fed.sizes.tolist(), repr(model)))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def byzantine_ids(byzantine) -> tuple:
+    """Byzantine client ids as a sorted tuple of ints; floats, bools or duplicates are refused by name."""
+    ids = list(byzantine)
+    for b in ids:
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)):
+            raise ValueError(f"byzantine must be client ids (ints), got {b!r} in {ids!r}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"byzantine lists a client twice: {ids!r}")
+    return tuple(sorted(int(b) for b in ids))
 
 
-def _save_atomic(obj, path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # a kill mid-write leaves the previous checkpoint intact
-
-
-def local_job(fed: FederatedDataset, k: int, cfg: RunConfig, rnd: int, ctx: torch.Tensor | None) -> LocalJob:
+# --- the work of one round ----------------------------------------------------------------------------
+def local_job(fed: FederatedDataset, k: int, cfg: RunConfig, rnd: int, ctx: torch.Tensor | None,
+              steps: int | None = None, track: int = 0, epochs: int | None = None) -> LocalJob:
     """Client k's work in round `rnd`: its data and its batch schedule keyed by (seed, BATCHES, rnd, k);
-    a straggler (`cfg.stragglers`) does only a random prefix of it (systems heterogeneity)."""
+    a straggler (`cfg.stragglers`) does only a random prefix of it (systems heterogeneity). A method's
+    extra training track (`track` > 0, e.g. Ditto's personal steps) gets its own keyed schedule; `epochs`
+    (a track's own passes, e.g. FedRep's head epochs) replaces the run's E and local_steps."""
     x, y = fed.client_train[k]
-    g = rng(cfg.seed, BATCHES, rnd, k)
-    batches = batch_schedule(len(y), cfg.batch_size, cfg.local_epochs, cfg.local_steps, g)
-    if cfg.stragglers and k in _stragglers(fed.num_clients, cfg, rnd):
+    g = rng(cfg.seed, BATCHES, rnd, k) if track == 0 else rng(cfg.seed, BATCHES, rnd, k, track)
+    steps = steps or (None if epochs else cfg.local_steps)
+    batches = batch_schedule(len(y), cfg.batch_size, epochs or cfg.local_epochs, steps, g)
+    if cfg.stragglers and track == 0 and k in _stragglers(fed.num_clients, cfg, rnd):
         batches = batches[: int(g.integers(1, len(batches) + 1))]
     return LocalJob(int(k), x, y, batches, ctx)
 
@@ -96,155 +109,143 @@ def _stragglers(num_clients: int, cfg: RunConfig, rnd: int) -> set:
     return set(g.choice(num_clients, int(round(cfg.stragglers * num_clients)), replace=False).tolist())
 
 
-def _local_jobs(fed, client_ids, cfg: RunConfig, rnd: int, ctx) -> list[LocalJob]:
-    return [local_job(fed, k, cfg, rnd, None if ctx is None else ctx[i]) for i, k in enumerate(client_ids)]
+def _local_jobs(fed, client_ids, cfg: RunConfig, rnd: int, ctx, steps=None, track: int = 0,
+                epochs=None) -> list[LocalJob]:
+    return [local_job(fed, k, cfg, rnd, None if ctx is None else ctx[i], steps, track, epochs)
+            for i, k in enumerate(client_ids)]
 
 
-def _pick_backend(cfg: RunConfig, method: Method):
+def pick_backend(cfg: RunConfig, method: Method, model: torch.nn.Module | None = None):
+    """The local-training kernel: vmap where the method and the model allow it (backend='auto'/'vmap'), else
+    the loop. Models with buffers (BatchNorm running statistics, updated in place) train on the loop."""
     if cfg.backend == "loop":
         return train_clients_loop
-    try:
-        from .batched import train_clients_vmap
-    except ImportError:
-        train_clients_vmap = None
-    if train_clients_vmap is not None and method.objective.vmappable:
-        return train_clients_vmap
+    from . import batched
+    buffers = model is not None and next(model.buffers(), None) is not None
+    if method.vmappable and not buffers:
+        return batched.train_clients_vmap
     if cfg.backend == "vmap":
-        print(f"note: {method.name} cannot run on the vmap backend; falling back to loop")
+        why = "a model with buffers (BatchNorm)" if buffers else method.name
+        print(f"note: {why} cannot run on the vmap backend; falling back to loop")
     return train_clients_loop
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int = 8192):
-    """(mean cross-entropy, accuracy, per-row correctness) of the flat parameters θ on (x, y)."""
-    params = unflatten(theta, param_spec(model))
-    losses, correct = [], []
-    for i in range(0, len(y), chunk):
-        logits = functional_call(model, params, (x[i:i + chunk],))
-        losses.append(torch.nn.functional.cross_entropy(logits, y[i:i + chunk], reduction="sum"))
-        correct.append(logits.argmax(1) == y[i:i + chunk])
-    correct = torch.cat(correct)
-    return float(sum(losses) / len(y)), float(correct.float().mean()), correct
+@dataclass
+class RoundSetup:
+    """What every round of a run shares (built once by `simulate`, or by the Flower apps)."""
+    method: Method
+    fed: FederatedDataset
+    cfg: RunConfig
+    loss_fn: Callable
+    groups: object          # core.groups.ResolvedGroups
+    train: Callable         # the kernel: train_clients_loop or train_clients_vmap
 
 
-class Evaluator:
-    """Global test metrics plus the distribution of per-client local-test accuracy, in one pass each."""
-
-    def __init__(self, model, fed: FederatedDataset):
-        self.model, self.fed = model, fed
-        tests = [t for t in fed.client_test if len(t[1])]
-        self.client_x = torch.cat([t[0] for t in tests]) if tests else None
-        self.client_y = torch.cat([t[1] for t in tests]) if tests else None
-        self.owner = torch.cat([torch.full((len(t[1]),), i, device=fed.device) for i, t in enumerate(tests)]) if tests else None
-
-    def __call__(self, theta) -> dict:
-        loss, acc, _ = evaluate(self.model, theta, self.fed.x_test, self.fed.y_test)
-        out = {"test_loss": loss, "test_acc": acc}
-        if self.client_x is not None:
-            _, _, correct = evaluate(self.model, theta, self.client_x, self.client_y)
-            n = torch.bincount(self.owner).float()
-            per_client = (torch.bincount(self.owner, weights=correct.float()) / n).cpu().numpy()
-            out.update(client_acc_mean=float(per_client.mean()), client_acc_std=float(per_client.std()),
-                       client_acc_p10=float(np.quantile(per_client, 0.1)))
-        return out
-
-
-def simulate(method: Method | str, fed: FederatedDataset, model: str | torch.nn.Module = "mlp", *,
-             rounds: int = 20, clients_per_round=None, local_epochs: int = 1, local_steps: int | None = None,
-             batch_size: int = 32, lr: float = 0.05, seed: int = 0, eval_every: int = 1, stragglers: float = 0.0,
-             drop_stragglers: bool = False, backend: str = "auto", device=None, checkpoint: str | Path | None = None, resume: bool = False,
-             progress: bool = True, on_nonfinite: str = "raise", attack: Callable | None = None,
-             byzantine=(), model_kwargs: dict | None = None, callback: Callable | None = None) -> History:
-    """Run a federated method on a `FederatedDataset` and return its `History`.
-
-    `model`: "logreg" | "mlp" | "cnn" or an nn.Module (its initial weights are θ₀). `clients_per_round`:
-    an int, a fraction, None (all) or a sampler `(round, K, g) -> ids`. `stragglers`: the fraction of clients
-    that each round finish only a random prefix of their local steps; `drop_stragglers=True` discards them.
-    `attack(updates, byz_mask, generator=g)` rewrites the rows of the Byzantine clients (`byzantine`: their ids) before aggregation.
-    `checkpoint`: a file written atomically after every round; `resume=True` continues from it and ends
-    with the same History as an uninterrupted run. `callback(round, theta, row)` is called after each round.
-    """
-    method = get_method(method)
-    cfg = RunConfig(rounds, clients_per_round if not callable(clients_per_round) else None, local_epochs,
-                    local_steps, batch_size, lr, seed, eval_every, stragglers, drop_stragglers, backend, on_nonfinite,
-                    tuple(int(b) for b in byzantine))
-    cfg.validate()
-    if device is not None:
-        fed.to(device)
-    dev = fed.device
-    if isinstance(model, str):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = make_model(model, fed.input_shape, fed.num_classes, **(model_kwargs or {}))
-    model = model.to(dev)
-    K = fed.num_clients
-    sampler = make_sampler(clients_per_round, K)
-    train_clients = _pick_backend(cfg, method)
-    loss_fn, evaluator = make_loss(model), Evaluator(model, fed)
-    byz = torch.zeros(K, dtype=torch.bool, device=dev)
-    byz[list(cfg.byzantine)] = True
-
-    theta = flatten_params(model).to(dev)
-    state, rows, start = method.init_state(theta, K), [], 0
-    fingerprint = _fingerprint(cfg, method, fed, model)
-    meta = {"method": method.name, "dataset": fed.dataset.name, "partition": fed.partition.name,
-            "clients": K, **{k: v for k, v in asdict(cfg).items() if k != "extra"}, "device": str(dev),
-            "fingerprint": fingerprint, "backend_used": "vmap" if "vmap" in train_clients.__name__ else "loop"}
-    ckpt = Path(checkpoint) if checkpoint else None
-    if resume and ckpt and ckpt.exists():
-        saved = torch.load(ckpt, map_location=dev, weights_only=False)
-        if saved["fingerprint"] != fingerprint:
-            raise ValueError(f"checkpoint {ckpt} was written by a different run configuration; "
-                             "delete it, point checkpoint= elsewhere, or pass resume=False to start over")
-        theta, state, rows, start = saved["theta"], saved["state"], saved["rows"], saved["round"] + 1
-
-    from tqdm.auto import tqdm
-    bar = tqdm(range(start, rounds), desc=method.name, disable=not progress, leave=False)
-    t0 = time.perf_counter()
-    for r in bar:
-        ids = sampler(r, K, rng(seed, SAMPLE, r))
-        if cfg.drop_stragglers and cfg.stragglers:
-            late = _stragglers(K, cfg, r)
-            ids = np.array([k for k in ids if k not in late], dtype=np.int64)
-        row = {"round": r + 1, "n_sampled": len(ids), "train_loss": float("nan")}
-        if len(ids):
-            theta, state, row["train_loss"] = _round(method, state, theta, fed, ids, cfg, r, loss_fn,
-                                                     train_clients, attack, byz)
-        if (r + 1) % eval_every == 0 or r + 1 == rounds:
-            row.update(evaluator(theta))
-        rows.append(row)
-        if ckpt:
-            _save_atomic({"round": r, "theta": theta, "state": state, "rows": rows, "fingerprint": fingerprint}, ckpt)
-        if callback is not None:
-            callback(r + 1, theta, row)
-        if "test_acc" in row:
-            bar.set_postfix(acc=f"{row['test_acc']:.3f}")
-    meta["seconds"] = time.perf_counter() - t0
-    hist = History.from_rows(rows, meta)
-    hist.theta = theta  # final flat parameters, for notebooks that look inside the model
-    hist.model = model
-    return hist
+def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
+    """The client side of round r for clients `ids` (the pure triple of `core.method.ClientUpdate`):
+    start → local steps on each track → finish. Returns (message entries, new client state, losses, jobs)."""
+    method, theta, m = s.method, down["theta"], len(ids)
+    cu, done, losses, first = method.client, {}, None, None
+    if hasattr(cu, "local_train"):  # a method whose local training is its own (FRL's edge-popup on rankings)
+        jobs = _local_jobs(s.fed, ids, s.cfg, r, None)
+        entries, new, losses = cu.local_train(s, r, jobs, down, cstate)
+        return entries, new, losses, jobs
+    bufs = _round_buffers(s, cstate, m, theta)
+    for t, track in enumerate(cu.tracks(method)):
+        same = track.groups is None or track.groups == method.groups
+        groups = s.groups if same else track.groups.resolve(s.groups.spec)
+        obj_state = {k[len("objective."):]: v for k, v in cstate.items() if k.startswith("objective.")}
+        ctx = track.objective.context(down, obj_state)
+        jobs = _local_jobs(s.fed, ids, s.cfg, r, ctx, track.steps, t, getattr(track, "epochs", None))
+        W0 = cu.start(track, theta, down, cstate, done, groups, m)
+        done[track.name], l = s.train(s.loss_fn, theta, jobs, s.cfg.lr, track.objective, start=W0,
+                                      optimizer=track.optimizer, groups=groups, weights=True, **bufs)
+        if first is None:
+            losses, first = l, jobs
+    if bufs and "buffers" not in cstate:  # global running statistics: the size-weighted mean of the clients'
+        sizes = torch.tensor([float(len(j.y)) for j in first], device=theta.device, dtype=theta.dtype)
+        load_buffers(s.loss_fn.model, (sizes / sizes.sum()) @ bufs["buffers"])
+    steps = torch.tensor([float(len(j.batches)) for j in first], device=theta.device)
+    entries, new = cu.finish(done, theta, down, cstate, steps, s.cfg.lr, method, s.groups)
+    return entries, new, losses, first
 
 
-def _round(method, state, theta, fed, ids, cfg: RunConfig, r: int, loss_fn, train_clients, attack, byz):
-    """One round after sampling; returns (θ, state, size-weighted train loss)."""
-    ctx = method.objective.client_context(state["objective"], ids, theta)
-    jobs = _local_jobs(fed, ids, cfg, r, ctx)
-    deltas, losses = train_clients(loss_fn, theta, jobs, cfg.lr, method.objective)
-    ids_t = torch.as_tensor(ids, device=theta.device)
-    if attack is not None and byz[ids_t].any():
-        gen = torch.Generator(device="cpu").manual_seed(int(rng(cfg.seed, ATTACK, r).integers(2**62)))
-        deltas = attack(deltas, byz[ids_t], generator=gen)
-    sizes = torch.tensor([float(len(j.y)) for j in jobs], device=theta.device)
-    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=theta.device)
-    info = RoundInfo(r, np.asarray(ids), sizes, steps, fed.num_clients, cfg.lr)
-    return server_update(method, state, theta, info, deltas, losses, cfg.on_nonfinite)
+def _round_buffers(s: RoundSetup, cstate: dict, m: int, theta: torch.Tensor) -> dict:
+    """{"buffers": [m, b]}: the flat model buffers (BatchNorm running statistics) the round's clients train
+    with — their own (store entry "buffers", `ClientUpdate.local_buffers`) or copies of the global ones (the
+    model's); {} for models without buffers."""
+    if "buffers" in cstate:
+        return {"buffers": cstate["buffers"]}
+    model = getattr(s.loss_fn, "model", None)
+    if model is None or next(model.buffers(), None) is None:
+        return {}
+    return {"buffers": flatten_buffers(model, theta.dtype).to(theta.device).repeat(m, 1)}
 
 
-def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundInfo, deltas: torch.Tensor,
-                  losses: torch.Tensor, on_nonfinite: str = "raise"):
-    """The server half of a round — non-finite check, objective bookkeeping, aggregation, server step;
-    returns (θ, state, size-weighted train loss). Shared with the Flower strategy."""
+def personal_models(s: RoundSetup, r: int, theta: torch.Tensor, store: ClientStore, state: dict | None = None) -> tuple:
+    """(personal models [K, d] or None, per-client buffers [K, b] or None) for evaluation after round r.
+    `ClientUpdate.personal` gets the round setup and the round when it `trains_at_evaluation` (FedAvg-FT),
+    and, if it takes `down=`, what the server broadcasts (θ and the objective's tensors: IFCA's k models)."""
+    cu, full = s.method.client, store.all(theta.device) if store else {}
+    if getattr(cu, "trains_at_evaluation", False):
+        extra = {"down": s.method.broadcast(state, theta)} if "down" in inspect.signature(cu.personal).parameters else {}
+        personal = cu.personal(s.method, theta, full, s.groups, setup=s, round=r, **extra)
+    else:
+        personal = cu.personal(s.method, theta, full, s.groups) if store else None
+    buffers = full.get("buffers")
+    if buffers is not None and personal is None:
+        personal = theta.repeat(s.fed.num_clients, 1)
+    return personal, buffers
+
+
+def uplink(s: RoundSetup, r: int, msgs: Messages, cstate: dict, byz: torch.Tensor, attack, theta) -> tuple:
+    """The method's uplink transforms in order, then the attack on the Byzantine clients' messages (the one
+    place attacks happen). Returns (messages, new client state)."""
+    from ..core.messages import TransformContext
+    for i, transform in enumerate(s.method.uplink):
+        prefix = f"uplink{i}."
+        own = {k[len(prefix):]: v for k, v in cstate.items() if k.startswith(prefix)}
+        g = torch.Generator(device="cpu").manual_seed(int(rng(s.cfg.seed, TRANSFORM, r, i).integers(2**62)))
+        msgs, own = transform(msgs, own, TransformContext(r, msgs.client_ids, byz, g, theta))
+        cstate = {**cstate, **{prefix + k: v for k, v in own.items()}}
+    if attack is not None and byz.any():
+        gen = torch.Generator(device="cpu").manual_seed(int(rng(s.cfg.seed, ATTACK, r).integers(2**62)))
+        key = s.method.aggregate_key
+        msgs.tensors[key] = attack(msgs[key], byz, generator=gen)
+    return msgs, cstate
+
+
+def run_round(s: RoundSetup, state: dict, theta: torch.Tensor, store: ClientStore, ids, r: int, attack, byz_all):
+    """One round after sampling; returns (θ, state, row entries: train_loss, bytes_up, bytes_down)."""
+    dev = theta.device
+    down = s.method.broadcast(state, theta)
+    cstate = store.gather(ids, dev)
+    entries, cstate, losses, jobs = client_round(s, r, ids, down, cstate)
+    msgs = Messages(entries, np.asarray(ids))
+    byz = byz_all[torch.as_tensor(np.asarray(ids), device=byz_all.device)].to(dev)
+    msgs, cstate = uplink(s, r, msgs, cstate, byz, attack, theta)
+    if cstate:
+        store.scatter(ids, cstate)
+    fdt = theta.dtype if theta.is_floating_point() else None  # float64 runs weight in float64
+    sizes = torch.tensor([float(len(j.y)) for j in jobs], device=dev, dtype=fdt)
+    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=dev, dtype=fdt)
+    info = RoundInfo(r, np.asarray(ids), sizes, steps, s.fed.num_clients, s.cfg.lr, theta, msgs)
+    wire = {"bytes_up": int(msgs.wire_bytes().sum()), "bytes_down": len(ids) * dense_bytes(down)}
+    theta, state, loss = server_update(s.method, state, theta, info, msgs, losses, s.cfg.on_nonfinite, s.groups)
+    return theta, state, {"train_loss": loss, **wire}
+
+
+def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundInfo, msgs, losses: torch.Tensor,
+                  on_nonfinite: str = "raise", groups=None):
+    """The server half of a round — non-finite check, the objective's bookkeeping, aggregation, server step;
+    returns (θ, state, size-weighted train loss). Shared with the Flower strategy. `msgs`: `Messages`
+    (or a bare [m, d] Δ matrix)."""
+    key = method.aggregate_key
+    if not isinstance(msgs, Messages):
+        msgs = Messages({key: msgs}, np.asarray(info.client_ids))
+    deltas = msgs[key]
+    if not deltas.is_floating_point():  # rankings, counts: nothing can be NaN
+        deltas = deltas.new_zeros(len(deltas), 1).float()
     keep = torch.isfinite(deltas.sum(1))  # one pass, no [m, d] temporaries (1,000 clients × 200k params)
     if not keep.all():  # a row sum can overflow with finite entries: check those rows entry by entry
         rows = (~keep).nonzero().ravel()
@@ -257,10 +258,146 @@ def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundI
                                        "to drop such updates")
         if not keep.any():
             return theta, state, float("nan")
-        k = keep.cpu().numpy()
-        info = replace(info, client_ids=info.client_ids[k], sizes=info.sizes[keep], steps=info.steps[keep])
-        deltas, losses = deltas[keep], losses[keep]
-    deltas, state["objective"] = method.objective.after_local(state["objective"], deltas, info)
-    agg, state = method.aggregate(state, deltas, info)
+        msgs = msgs.select(keep)
+        info = replace(info, client_ids=info.client_ids[keep.cpu().numpy()], sizes=info.sizes[keep],
+                       steps=info.steps[keep], messages=msgs)
+        losses = losses[keep]
+    state["objective"] = method.objective.server_update(state["objective"], msgs, info)
+    agg, state = method.aggregate(state, msgs[key], info)
+    if groups is not None and not groups.everything_sent:  # only the sent tensors move on the server
+        agg = theta.new_zeros(theta.numel()).index_copy_(0, groups.index("sent", theta.device), agg)
     theta, state = method.server_step(state, theta, agg)
     return theta, state, float((info.sizes @ losses) / info.sizes.sum())
+
+
+# --- the run ------------------------------------------------------------------------------------------
+def build_model(model, fed: FederatedDataset, seed: int, model_kwargs=None) -> torch.nn.Module:
+    """A model by name with θ₀ drawn from `seed` (the same θ₀ in-process and on Flower), or the given module;
+    its output size must equal the data set's class count (regression: the target width)."""
+    if isinstance(model, str):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = make_model(model, fed.input_shape, fed.num_classes, **(model_kwargs or {}))
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be 'logreg', 'mlp', 'cnn' or a torch.nn.Module, got {type(model).__name__}")
+    return model.to(fed.device)
+
+
+def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
+    """A classifier must have exactly one output per class: fewer fails deep in torch, more is a silent bug."""
+    if criterion is not None:
+        return
+    was = model.training
+    with torch.no_grad():
+        out = model.eval()(fed.x_test[:1])  # eval mode: a BatchNorm's running statistics stay as they are
+    model.train(was)
+    if out.dim() != 2 or out.shape[1] != fed.num_classes:
+        raise ValueError(f"the model has {tuple(out.shape[1:])} outputs but the data set has {fed.num_classes} classes; "
+                         f"build it with {fed.num_classes} outputs (e.g. make_model(name, fed.input_shape, "
+                         f"fed.num_classes)), or pass loss= for a non-classification objective")
+
+
+def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module = "mlp", *,
+             rounds: int = 20, clients_per_round=None, local_epochs: int = 1, local_steps: int | None = None,
+             batch_size: int = 32, lr: float = 0.05, seed: int = 0, eval_every: int = 1, stragglers: float = 0.0,
+             drop_stragglers: bool = False, backend: str = "auto", device=None, checkpoint: str | Path | None = None,
+             resume: bool = False, progress: bool = True, on_nonfinite: str = "raise", attack: Callable | None = None,
+             byzantine=(), model_kwargs: dict | None = None, callback: Callable | None = None, loss=None,
+             store_device="cpu") -> History:
+    """Run a federated `Method` on a `FederatedDataset` and return its `History` (`fedlab_nb.simulate`
+    also accepts a method's name).
+
+    `model`: "logreg" | "mlp" | "cnn" or an nn.Module (its initial weights are θ₀). `clients_per_round`:
+    an int, a fraction, None (all) or a sampler `(round, K, g) -> ids`. `stragglers`: the fraction of clients
+    that each round finish only a random prefix of their local steps; `drop_stragglers=True` discards them.
+    `attack(updates, byz_mask, generator=g)` rewrites the messages of the Byzantine clients (`byzantine`:
+    their ids) after the method's uplink transforms. `loss`: a torch.nn.functional loss `(outputs, y)` for a
+    non-classification objective (default cross-entropy). `checkpoint`: a file written atomically after
+    every round; `resume=True` continues from it (also in a new process) and ends with the same History as
+    an uninterrupted run. `callback(round, theta, row)` is called after each round. `store_device`: where
+    the per-client state of all K clients lives."""
+    if not isinstance(method, Method):
+        raise TypeError(f"method must be a fedlab_nb Method, got {type(method).__name__}; use fedlab_nb.simulate "
+                        "(or fedlab_nb.get_method) to build one from a name")
+    if not isinstance(fed, FederatedDataset):
+        raise TypeError(f"fed must be a FederatedDataset (fedlab_nb.federate(...)), got {type(fed).__name__}")
+    cfg = RunConfig(rounds, clients_per_round if not callable(clients_per_round) else None, local_epochs,
+                    local_steps, batch_size, lr, seed, eval_every, stragglers, drop_stragglers, backend, on_nonfinite,
+                    byzantine_ids(byzantine))
+    cfg.validate(fed.num_clients)
+    if device is not None:
+        fed.to(device)
+    dev = fed.device
+    model = build_model(model, fed, seed, model_kwargs)
+    check_model_outputs(model, fed, loss)
+    K = fed.num_clients
+    sampler = make_sampler(clients_per_round, K)
+    groups = method.groups.resolve(param_spec(model))
+    setup = RoundSetup(method, fed, cfg, make_loss(model, loss), groups, pick_backend(cfg, method, model))
+    evaluator = Evaluator(model, fed, loss)
+    byz = torch.zeros(K, dtype=torch.bool)
+    byz[list(cfg.byzantine)] = True
+
+    theta = flatten_params(model).to(dev)
+    state, rows, start = method.init_state(theta, K), [], 0
+    store = ClientStore(_client_defaults(method, theta, groups, model), K, store_device)
+    run_id = fingerprint(cfg, method, fed, model, sampler, attack, loss)
+    meta = {"method": method.name, "dataset": fed.dataset.name, "partition": fed.partition.name,
+            "clients": K, **{k: v for k, v in asdict(cfg).items() if k != "extra"}, "device": str(dev),
+            "fingerprint": run_id, "backend_used": "vmap" if "vmap" in setup.train.__name__ else "loop"}
+    ckpt = Path(checkpoint) if checkpoint else None
+    if resume and ckpt and ckpt.exists():
+        theta, state, rows, start = _resume(ckpt, run_id, dev, store, model)
+
+    from tqdm.auto import tqdm
+    bar = tqdm(range(start, rounds), desc=method.name, disable=not progress, leave=False)
+    t0 = time.perf_counter()
+    for r in bar:
+        ids = sampler(r, K, rng(seed, SAMPLE, r))
+        if cfg.drop_stragglers and cfg.stragglers:
+            late = _stragglers(K, cfg, r)
+            ids = np.array([k for k in ids if k not in late], dtype=np.int64)
+        row = {"round": r + 1, "n_sampled": int(len(ids)), "train_loss": float("nan"), "bytes_up": 0, "bytes_down": 0}
+        if len(ids):
+            theta, state, out = run_round(setup, state, theta, store, ids, r, attack, byz)
+            row.update(out)
+        if (r + 1) % eval_every == 0 or r + 1 == rounds:
+            row.update(evaluator(theta, *personal_models(setup, r, theta, store, state)))
+        rows.append(row)
+        if ckpt:
+            save_checkpoint(ckpt, {"round": r, "theta": theta, "state": state, "rows": rows, "fingerprint": run_id,
+                                   "store": store.state_dict(), "buffers": flatten_buffers(model, theta.dtype)})
+        if callback is not None:
+            callback(r + 1, theta, row)
+        if "test_acc" in row:
+            bar.set_postfix(acc=f"{row['test_acc']:.3f}")
+    meta["seconds"] = time.perf_counter() - t0
+    hist = History.from_rows(rows, meta)
+    hist.theta = theta  # final flat parameters, for notebooks that look inside the model
+    hist.model = model
+    hist.store = store  # every client's final state (personal models, variates ...)
+    hist.state = state  # the method's final server state (weighting, rule, server optimiser)
+    hist.client_acc = getattr(evaluator, "last", None)  # per-client local-test accuracy at the last evaluation
+    return hist
+
+
+def _client_defaults(method: Method, theta: torch.Tensor, groups, model) -> dict:
+    """The store's default rows; with `ClientUpdate.local_buffers` also "buffers" (the model's initial ones)."""
+    defaults = method.client_state(theta, groups)
+    if getattr(method.client, "local_buffers", False):
+        if next(model.buffers(), None) is None:
+            raise ValueError(f"{method.name} keeps BatchNorm statistics per client but the model has no buffers; "
+                             "use a model with BatchNorm, e.g. model='mlp_bn' or 'cnn_bn'")
+        defaults["buffers"] = flatten_buffers(model, theta.dtype).to(theta.device)
+    return defaults
+
+
+def _resume(ckpt: Path, run_id: str, dev, store: ClientStore, model=None):
+    saved = load_checkpoint(ckpt, dev)
+    if saved.get("fingerprint") != run_id:
+        raise ValueError(f"checkpoint {ckpt} was written by a different run configuration; "
+                         "delete it, point checkpoint= elsewhere, or pass resume=False to start over")
+    store.load_state_dict(saved["store"])
+    if model is not None and saved.get("buffers") is not None and saved["buffers"].numel():
+        load_buffers(model, saved["buffers"])  # the global BatchNorm running statistics
+    return saved["theta"], saved["state"], saved["rows"], saved["round"] + 1

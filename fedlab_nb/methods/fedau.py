@@ -23,9 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
+from ..data.federated import FederatedDataset
+from ..engine import simulate
 from ..engine.sampling import BernoulliSampler
 from ..utils import check_positive_int, rng
+from ..core.registry import register
 from .base import Method, RoundInfo, ServerSGD, UniformWeighting, weighted_mean
 
 
@@ -96,6 +100,7 @@ def truncated_inverse(p, cutoff: int) -> np.ndarray:
 
 
 # --- methods -------------------------------------------------------------------------------------
+@register("fedau", claims="fedau", notebook="fedau")
 def fedau(cutoff: int = 50, server_lr: float = 1.0) -> Method:
     """FedAU: FedAvg with online participation-interval weights (unknown p_n)."""
     return Method("fedau", weighting=FedAUWeighting(cutoff), rule=weighted_sum, server_opt=ServerSGD(lr=server_lr))
@@ -114,30 +119,54 @@ def fedavg_participants(server_lr: float = 1.0) -> Method:
 
 
 # --- a problem with a closed-form optimum --------------------------------------------------------
+def half_squared_distance(outputs: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """ℓ(x; c) = ½‖x − c‖² per row (a torch.nn.functional-style loss for `simulate(loss=...)`)."""
+    per_row = 0.5 * (outputs - y).pow(2).sum(-1)
+    return per_row if reduction == "none" else per_row.sum() if reduction == "sum" else per_row.mean()
+
+
+class QuadraticPoint(nn.Module):
+    """The quadratic problem's model: one parameter x [d], returned as the output for every input row."""
+
+    def __init__(self, d: int, dtype=torch.float64):
+        super().__init__()
+        self.x = nn.Parameter(torch.zeros(d, dtype=dtype))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.x.expand(len(inputs), -1)
+
+
+def quadratic_clients(centers: np.ndarray) -> FederatedDataset:
+    """Client n holds one row (input 1, target c_n), so its loss ½‖x − c_n‖² is F_n; the global test row
+    has the target x* = mean(c_n)."""
+    one = np.ones((1, 1))
+    return FederatedDataset.from_clients([(one, c[None]) for c in centers], test=(one, centers.mean(0, keepdims=True)),
+                                         name="quadratic")
+
+
 def quadratic_run(method: Method, centers: np.ndarray, probabilities: np.ndarray, rounds: int = 3000,
                   local_steps: int = 5, lr: float = 0.1, seed: int = 0) -> dict:
-    """Clients F_n(x) = ½‖x − c_n‖², Bernoulli(p_n) participation, `local_steps` exact GD steps per round.
+    """Clients F_n(x) = ½‖x − c_n‖², Bernoulli(p_n) participation, `local_steps` exact GD steps per round,
+    run by `simulate` in float64 (x₀ = 0; a client's update is Δ = (1 − (1 − η)^τ)(c_n − x)).
 
     The optimum of (1/N) Σ F_n is x* = mean(c_n). Returns {"dist": ‖x_t − x*‖ per round, "x": iterates [T, d],
-    "state": the method's final state}. Uses the method's own weighting / rule / server step."""
-    centers = torch.as_tensor(np.asarray(centers, dtype=float))
+    "state": the method's final state, "history": the run's History}. Uses the method's own weighting /
+    rule / server step."""
+    centers = np.asarray(centers, dtype=float)
+    if centers.ndim != 2:
+        raise ValueError(f"centers must be an [N, d] array, got shape {centers.shape}")
     n, d = centers.shape
     check_positive_int("rounds", rounds)
     check_positive_int("local_steps", local_steps)
     if not 0 < lr <= 1:
         raise ValueError(f"lr must be in (0, 1] for the quadratic clients, got {lr}")
-    sampler = BernoulliSampler(np.asarray(probabilities, dtype=float))
-    shrink = 1 - (1 - lr) ** local_steps               # τ GD steps on ½‖x − c‖²: Δ = (1 − (1 − η)^τ)(c − x)
-    x, x_star = torch.zeros(d, dtype=torch.float64), centers.mean(0)
-    state = method.init_state(x, n)
     xs = np.empty((rounds, d))
-    for r in range(rounds):
-        ids = sampler(r, n, rng(seed, 1, r))
-        if len(ids):
-            deltas = shrink * (centers[ids] - x)
-            ones = torch.ones(len(ids), dtype=torch.float64)
-            info = RoundInfo(r, ids, ones, local_steps * ones, n, lr)
-            agg, state = method.aggregate(state, deltas, info)
-            x, state = method.server_step(state, x, agg)
-        xs[r] = x.numpy()
-    return {"dist": np.linalg.norm(xs - x_star.numpy(), axis=1), "x": xs, "state": state}
+
+    def keep(r, theta, row):
+        xs[r - 1] = theta.cpu().numpy()
+
+    hist = simulate(method, quadratic_clients(centers), QuadraticPoint(d), rounds=rounds,
+                    clients_per_round=BernoulliSampler(np.asarray(probabilities, dtype=float)), local_steps=local_steps,
+                    batch_size=1, lr=lr, seed=seed, eval_every=rounds, progress=False, loss=half_squared_distance,
+                    callback=keep)
+    return {"dist": np.linalg.norm(xs - centers.mean(0), axis=1), "x": xs, "state": hist.state, "history": hist}

@@ -7,6 +7,7 @@ and rescales by τ_eff = Σ_k p_k τ_k:  θ ← θ + τ_eff Σ_k p_k d_k.
 """
 import torch
 
+from ..core.registry import register
 from .base import DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
 
 
@@ -16,6 +17,7 @@ def step_normalisation(deltas: torch.Tensor, weights: torch.Tensor, steps: torch
     return deltas / steps[:, None], float(p @ steps)
 
 
+@register("fednova", claims="baselines", notebook="02_baselines")
 def fednova(server_lr: float = 1.0) -> Method:
     return Method("fednova", LocalObjective(), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr),
                   normalisation=step_normalisation)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.registry import register
 from .base import DataSizeWeighting, LocalObjective, Method, weighted_mean
 
 
@@ -52,13 +53,16 @@ def _fedopt(kind: str, server_lr: float, beta1: float, beta2: float, tau: float)
                   ServerAdaptive(kind, server_lr, beta1, beta2, tau))
 
 
+@register("fedadam", claims="baselines", notebook="02_baselines")
 def fedadam(server_lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> Method:
     return _fedopt("adam", server_lr, beta1, beta2, tau)
 
 
+@register("fedyogi")
 def fedyogi(server_lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> Method:
     return _fedopt("yogi", server_lr, beta1, beta2, tau)
 
 
+@register("fedadagrad")
 def fedadagrad(server_lr: float = 0.01, beta1: float = 0.0, beta2: float = 0.99, tau: float = 1e-3) -> Method:
     return _fedopt("adagrad", server_lr, beta1, beta2, tau)

@@ -6,6 +6,7 @@ global one when data and local work differ across clients. Its gradient μ(w −
 """
 from dataclasses import dataclass
 
+from ..core.registry import register
 from .base import DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
 
 
@@ -21,5 +22,6 @@ class ProximalObjective(LocalObjective):
         return self.mu * (w - anchor)
 
 
+@register("fedprox", claims="baselines", notebook="02_baselines")
 def fedprox(mu: float = 0.01, server_lr: float = 1.0) -> Method:
     return Method("fedprox", ProximalObjective(mu), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr))

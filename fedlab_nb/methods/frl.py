@@ -10,8 +10,11 @@ their edges (edge ids sorted by ascending score). The server votes:
     global ranking  = argsort_e  Σ_i reputation_i(e)                (Borda count; one vote per client)
 
 and maps the global ranking onto the fixed sorted initial scores, so the global scores are always a
-permutation of the initial ones. Everything here is a pure function of tensors; `run_frl` is the small
-round loop that strings them together (FRL is not a Δ-averaging method, so it does not use `simulate`).
+permutation of the initial ones. The pieces are pure functions of tensors; `frl_method` puts them on the
+round pipeline (`simulate`): a supermask nn.Module whose parameters are the scores, a client update whose
+local training is edge-popup and whose message is the "ranking", the vote as the rule with θ ← the voted
+scores, the attack on the ranking rows, and bytes_up measured from the packed rankings. `run_frl` is a thin
+wrapper over `simulate`.
 
 One deliberate difference from the repository: its mask is the top-k% of |s| (edge-popup's code), while
 the paper describes the top-k% of s. With voted scores the two differ (the least-voted edges get the most
@@ -26,12 +29,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch import nn
 
-from ..engine.client import batch_schedule
-from ..engine.history import History
+from ..core.history import History
+from ..core.messages import Transform
+from ..core.method import ClientUpdate, Method, ServerAssign, UniformWeighting
+from ..core.registry import register
+from ..core.round import batch_schedule
+from ..core.streams import SAMPLE
+from ..engine import simulate
 from ..utils import check_positive_int, rng
-
-SAMPLE, BATCHES = 11, 12  # stream ids for `rng(seed, stream, round, client)`
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -193,17 +200,17 @@ def unpack_ranking(blob: bytes, n: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Clients, evaluation, and the round loop
+# Clients and evaluation (pure functions)
 
 
-def _schedule(sizes, epochs: int, batch_size: int, generators) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-step batch indices [T, m, B], validity [T, m, B] and epoch [T, m] (−1: that client is done).
-    Each client shuffles its own data every epoch; clients with less data finish earlier."""
+def _schedule(batches, sizes, batch_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-step batch indices [T, m, B], validity [T, m, B] and epoch [T, m] (−1: that client is done) of the
+    clients' batch lists (the engine's schedules: a fresh permutation per epoch, cut into batches);
+    clients with less data finish earlier."""
     per_client = []
-    for n, g in zip(sizes, generators):  # the engine's schedule: a fresh permutation per epoch, cut into batches
+    for n, steps in zip(sizes, batches):
         per_epoch = -(-int(n) // batch_size)
-        batches = batch_schedule(int(n), batch_size, epochs, None, g)
-        per_client.append([(t // per_epoch, torch.from_numpy(b)) for t, b in enumerate(batches)])
+        per_client.append([(t // per_epoch, torch.as_tensor(np.asarray(b), dtype=torch.long)) for t, b in enumerate(steps)])
     T, m = max(len(p) for p in per_client), len(sizes)
     idx = torch.zeros(T, m, batch_size, dtype=torch.long)
     valid = torch.zeros(T, m, batch_size, dtype=torch.bool)
@@ -214,36 +221,52 @@ def _schedule(sizes, epochs: int, batch_size: int, generators) -> tuple[Tensor, 
     return idx, valid, epoch
 
 
-def clients_rank_update(net: SupermaskNet, global_ranking: list[Tensor], data, *, epochs: int = 2,
-                        batch_size: int = 8, lr: float = 0.4, momentum: float = 0.9, weight_decay: float = 1e-4,
-                        generators=None) -> list[list[Tensor]]:
-    """Edge-popup on m clients at once (`data`: their (x, y)): each starts from the global scores, trains
-    them by SGD with momentum and weight decay and a cosine lr over the local epochs (the repo's optimiser),
-    and returns its ranking of every layer. The clients are independent; batching them is only for speed."""
-    m = len(data)
-    generators = generators if generators is not None else [np.random.default_rng(i) for i in range(m)]
+def edge_popup(net: SupermaskNet, start: list[Tensor], data, batches, *, epochs: int, batch_size: int, lr: float,
+               momentum: float = 0.9, weight_decay: float = 1e-4) -> tuple[list[Tensor], Tensor]:
+    """Edge-popup on m clients at once: client i trains the scores `start[l]` ([n_l], the same for all) on
+    its `data[i] = (x, y)` along its batch list `batches[i]`, by SGD with momentum and weight decay and a
+    cosine lr over the local epochs (the repository's optimiser). Returns the final scores [m, n_l] of each
+    layer and each client's mean training loss [m]. The clients are independent; batching is for speed."""
+    m, dev = len(data), data[0][0].device
     sizes = [len(y) for _, y in data]
-    x_pad = torch.zeros(m, max(sizes), data[0][0].shape[1])
-    y_pad = torch.zeros(m, max(sizes), dtype=torch.long)
+    x_pad = torch.zeros(m, max(sizes), data[0][0].shape[1], device=dev)
+    y_pad = torch.zeros(m, max(sizes), dtype=torch.long, device=dev)
     for i, (x, y) in enumerate(data):
         x_pad[i, :len(y)], y_pad[i, :len(y)] = x, y
-    idx, valid, epoch = _schedule(sizes, epochs, batch_size, generators)
-    lr_of_epoch = torch.tensor([lr * 0.5 * (1 + math.cos(math.pi * e / epochs)) for e in range(epochs)] + [0.0])
-    scores = [scores_from_ranking(r, s).expand(m, -1).clone().requires_grad_(True)
-              for r, s in zip(global_ranking, net.sorted_scores)]
+    idx, valid, epoch = (t.to(dev) for t in _schedule(batches, sizes, batch_size))
+    lr_of_epoch = torch.tensor([lr * 0.5 * (1 + math.cos(math.pi * e / epochs)) for e in range(epochs)] + [0.0],
+                               device=dev)
+    scores = [s.detach().to(dev).expand(m, -1).clone().requires_grad_(True) for s in start]
     velocity = [torch.zeros_like(s) for s in scores]
-    rows = torch.arange(m)[:, None]
+    rows = torch.arange(m, device=dev)[:, None]
+    total = torch.zeros(m, device=dev)
     for t in range(idx.shape[0]):
         weight = valid[t].float() / valid[t].sum(1, keepdim=True).clamp_min(1)  # per-client batch mean
         logits = forward(net, scores, x_pad[rows, idx[t]])
-        loss = (F.cross_entropy(logits.transpose(1, 2), y_pad[rows, idx[t]], reduction="none") * weight).sum()
-        grads = torch.autograd.grad(loss, scores)
+        per_client = (F.cross_entropy(logits.transpose(1, 2), y_pad[rows, idx[t]], reduction="none") * weight).sum(1)
+        grads = torch.autograd.grad(per_client.sum(), scores)
         active = (epoch[t] >= 0)[:, None]
         step_lr = lr_of_epoch[epoch[t]][:, None]  # epoch −1 picks the trailing 0
         with torch.no_grad():
+            total += per_client.detach() * active[:, 0]
             for s, v, g in zip(scores, velocity, grads):
                 v.copy_(torch.where(active, momentum * v + g + weight_decay * s, v))
                 s.sub_(step_lr * v)
+    steps = torch.tensor([len(b) for b in batches], device=dev, dtype=total.dtype).clamp_min(1)
+    return [s.detach() for s in scores], total / steps
+
+
+def clients_rank_update(net: SupermaskNet, global_ranking: list[Tensor], data, *, epochs: int = 2,
+                        batch_size: int = 8, lr: float = 0.4, momentum: float = 0.9, weight_decay: float = 1e-4,
+                        generators=None) -> list[list[Tensor]]:
+    """`edge_popup` from the global ranking's scores for m clients (`data`: their (x, y)), each shuffling
+    with its own generator; returns each client's ranking of every layer."""
+    m = len(data)
+    generators = generators if generators is not None else [np.random.default_rng(i) for i in range(m)]
+    batches = [batch_schedule(len(y), batch_size, epochs, None, g) for (_, y), g in zip(data, generators)]
+    start = [scores_from_ranking(r, s) for r, s in zip(global_ranking, net.sorted_scores)]
+    scores, _ = edge_popup(net, start, data, batches, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
+                           weight_decay=weight_decay)
     return [[ranking_of(s[i]) for s in scores] for i in range(m)]
 
 
@@ -284,45 +307,140 @@ class HonestMajoritySampler:
                 return ids
 
 
+# ----------------------------------------------------------------------------------------------------
+# FRL on the round pipeline: the supermask module, the client update, the vote rule, the attack, the bytes
+
+
+class SupermaskMLP(nn.Module):
+    """The supermask network as an nn.Module for `simulate`: frozen signed-constant weights (`weight<l>`)
+    and the sorted initial scores (`sorted<l>`) are buffers; the flat scores of each layer (`scores<l>`,
+    [n_l]) are the only parameters, so θ = the concatenated scores. forward = top-k% mask by score."""
+
+    def __init__(self, sizes, k: float = 0.5, seed: int = 0):
+        super().__init__()
+        net, ranking = make_supermask_net(sizes, k=k, seed=seed)
+        self.k, self.num_layers = net.k, len(net.weights)
+        for l, (w, s, r) in enumerate(zip(net.weights, net.sorted_scores, ranking)):
+            self.register_buffer(f"weight{l}", w)
+            self.register_buffer(f"sorted{l}", s)
+            self.register_parameter(f"scores{l}", nn.Parameter(scores_from_ranking(r, s)))
+
+    @property
+    def net(self) -> SupermaskNet:
+        L = range(self.num_layers)
+        return SupermaskNet([getattr(self, f"weight{l}") for l in L], [getattr(self, f"sorted{l}") for l in L], self.k)
+
+    @property
+    def layer_sizes(self) -> list[int]:
+        return self.net.layer_sizes
+
+    def forward(self, x: Tensor) -> Tensor:
+        return forward(self.net, [getattr(self, f"scores{l}") for l in range(self.num_layers)], x.flatten(1))
+
+
+def _layers(flat: Tensor, layer_sizes) -> list[Tensor]:
+    """Split [..., Σ n_l] into the layers' [..., n_l] parts."""
+    return list(flat.split(list(layer_sizes), dim=-1))
+
+
+@dataclass
+class FRLClientUpdate(ClientUpdate):
+    """FRL's local training (`local_train`): edge-popup from the broadcast scores on the engine's batch
+    schedules, at lr · lr_decay^round with a cosine over the local epochs; the message is the "ranking"
+    of every layer (int64, the layers' rankings concatenated, each in layer-local edge ids)."""
+    lr_decay: float = 0.999
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+
+    def local_train(self, setup, r: int, jobs, down: dict, cstate: dict):
+        model = setup.loss_fn.model
+        net = model.net
+        start = _layers(down["theta"], net.layer_sizes)
+        scores, losses = edge_popup(net, start, [(j.x, j.y) for j in jobs], [j.batches for j in jobs],
+                                    epochs=setup.cfg.local_epochs, batch_size=setup.cfg.batch_size,
+                                    lr=setup.cfg.lr * self.lr_decay ** r, momentum=self.momentum,
+                                    weight_decay=self.weight_decay)
+        ranking = torch.cat([s.argsort(dim=1, stable=True) for s in scores], dim=1)  # ranking_of, row by row
+        return {"ranking": ranking}, cstate, losses
+
+
+@dataclass
+class RankVote:
+    """The server rule: Borda `vote` on each layer's rankings [m, n_l], mapped onto the fixed sorted initial
+    scores (`scores_from_ranking`), so the new global scores are always a permutation of the initial ones."""
+    layer_sizes: tuple
+    sorted_scores: Tensor   # the layers' sorted initial scores, concatenated
+
+    def __call__(self, rankings: Tensor, weights: Tensor | None = None) -> Tensor:
+        sorted_scores = _layers(self.sorted_scores.to(rankings.device), self.layer_sizes)
+        return torch.cat([scores_from_ranking(vote(r), s)
+                          for r, s in zip(_layers(rankings, self.layer_sizes), sorted_scores)])
+
+
+@dataclass
+class ReversedVoteAttack:
+    """The repository's attack as a `simulate(attack=...)` on the ranking rows: the malicious clients of the
+    round train honestly, vote among themselves, and all submit the reversed result (per layer)."""
+    layer_sizes: tuple
+
+    def __call__(self, rankings: Tensor, byzantine: Tensor, generator=None) -> Tensor:
+        out = rankings.clone()
+        bad = rankings[byzantine]
+        evil = torch.cat([reverse_ranking(vote(r)) for r in _layers(bad, self.layer_sizes)])
+        out[byzantine] = evil
+        return out
+
+
+@dataclass
+class PackedRankingBytes(Transform):
+    """Uplink transform: the wire size of each client's message is its rankings packed at ⌈log₂ n_l⌉ bits per
+    edge id (`pack_ranking`, one blob per layer), measured from the encoding."""
+    layer_sizes: tuple
+
+    def __call__(self, msgs, cstate, ctx):
+        rows = msgs["ranking"]
+        msgs.bytes = torch.tensor([sum(len(pack_ranking(r)) for r in _layers(rows[i], self.layer_sizes))
+                                   for i in range(len(rows))], dtype=torch.int64)
+        return msgs, cstate
+
+
+def frl_method(model: SupermaskMLP, *, lr_decay: float = 0.999, momentum: float = 0.9,
+               weight_decay: float = 1e-4) -> Method:
+    """FRL as a pipeline `Method` for the supermask `model`: edge-popup clients sending rankings, the vote,
+    θ ← the voted scores (`ServerAssign`), bytes_up from the packed rankings. Use with `simulate(method,
+    fed, model, clients_per_round=HonestMajoritySampler(...), attack=ReversedVoteAttack(...))`."""
+    sizes = tuple(model.layer_sizes)
+    sorted_scores = torch.cat([getattr(model, f"sorted{l}") for l in range(model.num_layers)]).detach().cpu()
+    return Method("frl", weighting=UniformWeighting(), rule=RankVote(sizes, sorted_scores), server_opt=ServerAssign(),
+                  uplink=(PackedRankingBytes(sizes),),
+                  client=FRLClientUpdate(lr_decay, momentum, weight_decay), aggregate_key="ranking")
+
+
+@register("frl", claims="frl", notebook="frl", kind="module")
 def run_frl(fed, hidden=(128, 64), *, k: float = 0.5, rounds: int = 30, clients_per_round: int = 10,
             local_epochs: int = 2, batch_size: int = 8, lr: float = 0.4, lr_decay: float = 0.999,
             momentum: float = 0.9, malicious=(), seed: int = 0, eval_every: int = 1) -> History:
-    """FRL on a `FederatedDataset`, returning a `History` (round, n_sampled, test_loss, test_acc).
+    """FRL on a `FederatedDataset`, returning a `History` (round, n_sampled, n_malicious, test_loss, test_acc,
+    bytes_up ...): `simulate` of `frl_method` with the honest-majority sampler.
 
     `malicious`: ids of clients running the repository's attack — train honestly, vote among the
     malicious clients of the round, and all submit the reversed result. `hist.meta["upload_bits"]` is one
     client's upload per round; `hist.theta` is the final global ranking (one per layer), `hist.model` the
-    `SupermaskNet`."""
+    `SupermaskMLP`."""
     check_positive_int("rounds", rounds)
     check_positive_int("eval_every", eval_every)
-    net, ranking = make_supermask_net([math.prod(fed.input_shape), *hidden, fed.num_classes], k=k, seed=seed)
-    sampler = HonestMajoritySampler(clients_per_round, tuple(int(i) for i in malicious))
-    bad = set(sampler.malicious)
-    rows = []
-    for r in range(rounds):
-        ids = sampler(r, fed.num_clients, rng(seed, SAMPLE, r))
-        lr_r = lr * lr_decay ** r
-
-        def local(clients):  # honest local training of these clients, batched
-            data = [tuple(t.cpu() for t in fed.client_train[c]) for c in clients]
-            gens = [rng(seed, BATCHES, r, c) for c in clients]
-            return clients_rank_update(net, ranking, data, epochs=local_epochs, batch_size=batch_size, lr=lr_r,
-                                       momentum=momentum, generators=gens) if clients else []
-
-        honest = [c for c in ids if c not in bad]
-        attackers = [c for c in ids if c in bad]
-        uploads = local(honest + attackers)
-        if attackers:  # every attacker submits the reversed vote of the attackers' honest rankings
-            honest_view = uploads[len(honest):]
-            evil = [reverse_ranking(vote(torch.stack(layer))) for layer in zip(*honest_view)]
-            uploads = uploads[:len(honest)] + [evil] * len(attackers)
-        ranking = [vote(torch.stack(layer)) for layer in zip(*uploads)]
-        row = {"round": r + 1, "n_sampled": len(ids), "n_malicious": len(attackers)}
-        if (r + 1) % eval_every == 0 or r + 1 == rounds:
-            row["test_loss"], row["test_acc"] = evaluate(net, ranking, fed.x_test.cpu(), fed.y_test.cpu())
-        rows.append(row)
-    meta = {"method": "frl", "k": k, "hidden": tuple(hidden), "malicious": len(bad), "seed": seed,
-            "upload_bits": rank_upload_bits(net.layer_sizes)}
-    hist = History.from_rows(rows, meta)
-    hist.theta, hist.model = ranking, net
+    model = SupermaskMLP([math.prod(fed.input_shape), *hidden, fed.num_classes], k=k, seed=seed)
+    sizes = tuple(model.layer_sizes)
+    bad = tuple(sorted(int(i) for i in malicious))
+    sampler = HonestMajoritySampler(clients_per_round, bad)
+    hist = simulate(frl_method(model, lr_decay=lr_decay, momentum=momentum), fed, model, rounds=rounds,
+                    clients_per_round=sampler, local_epochs=local_epochs, batch_size=batch_size, lr=lr, seed=seed,
+                    eval_every=eval_every, attack=ReversedVoteAttack(sizes) if bad else None, byzantine=bad,
+                    backend="loop", progress=False)
+    is_bad = np.isin(np.arange(fed.num_clients), bad)  # the engine's draws, replayed: malicious clients per round
+    hist.insert(2, "n_malicious", [int(is_bad[sampler(r, fed.num_clients, rng(seed, SAMPLE, r))].sum())
+                                   for r in range(rounds)])
+    hist.meta.update({"method": "frl", "k": k, "hidden": tuple(hidden), "malicious": len(bad),
+                      "upload_bits": rank_upload_bits(sizes)})
+    hist.theta = [ranking_of(s) for s in _layers(hist.theta, sizes)]
     return hist

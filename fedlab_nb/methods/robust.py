@@ -9,29 +9,29 @@ Optimization", ICML 2021):
     v   ← CC(m_1 … m_n; centre v_prev)  (centered clipping around the previous aggregate)
     θ   ← θ + v
 
-Attacks act on what clients *send*: with worker momentum that is m_k, so the omniscient attacks (ALIE,
-IPM) read the honest momenta. The engine applies `simulate(attack=...)` to the raw Δ before
-`after_local`, so a momentum run passes its attack to `WorkerMomentumObjective` instead (see
-`run_attack`, which picks the right path). Label flipping is data poisoning: `flip_client_labels`.
+Attacks act on what clients *send*: worker momentum is an uplink transform and the engine applies
+`simulate(attack=...)` after every uplink transform, so with momentum the omniscient attacks (ALIE, IPM)
+read and replace the honest momenta m_k. Label flipping is data poisoning: `flip_client_labels`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 import torch
 
 from ..data.federated import FederatedDataset
 from ..robust.attacks import ATTACKS, flip_labels, get_attack
 from ..robust.rules import RULES, centered_clip, gas, get_rule
+from ..core.messages import Transform
+from ..core.registry import register
+from ..core.streams import GAS_SPLIT
+from ..engine import simulate
 from ..utils import rng
-from .base import LocalObjective, Method, RoundInfo, ServerSGD, UniformWeighting
-
-MOMENTUM_ATTACK = 11  # rng stream id for attacks crafted inside WorkerMomentumObjective
+from .base import LocalObjective, Method, ServerSGD, UniformWeighting
 
 
 # --- stateful rules ----------------------------------------------------------------------------------
+@register("centered_clipping", claims="centered_clipping", notebook="centered_clipping", kind="module")
 @dataclass
 class CenteredClipping:
     """Centered clipping with the previous aggregate as the centre (the paper's v^{t−1}; v^0 = 0):
@@ -51,6 +51,7 @@ class CenteredClipping:
         return v, {"center": v}
 
 
+@register("gas", claims="gas", notebook="gas", kind="module")
 @dataclass
 class GradientSplitting:
     """GAS(base rule) with a fresh random coordinate split each round, keyed by (seed, round) so a run
@@ -64,11 +65,12 @@ class GradientSplitting:
         return {"round": 0}
 
     def aggregate(self, state: dict, updates: torch.Tensor, weights: torch.Tensor | None):
-        g = torch.Generator().manual_seed(int(rng(self.seed, state["round"]).integers(2**62)))
+        g = torch.Generator().manual_seed(int(rng(self.seed, GAS_SPLIT, state["round"]).integers(2**62)))
         agg = gas(updates, weights, base_rule=self.base_rule, p=self.p, f=self.f, generator=g)
         return agg, {"round": state["round"] + 1}
 
 
+@register("flag_aggregator", claims="flag_aggregator", notebook="flag_aggregator", kind="module")
 def robust_rule(name: str, f: int = 0, *, tau: float = 1.0, iters: int = 3, p: int = 64, seed: int = 0,
                 **hyper):
     """A rule for the `Method.rule` slot from a name, with the Byzantine count f passed where a rule uses it.
@@ -103,48 +105,35 @@ class _TrimByCount:
 
 # --- worker momentum -----------------------------------------------------------------------------------
 @dataclass
-class WorkerMomentumObjective(LocalObjective):
-    """Plain local training; each client then sends its momentum m_k ← β m_k + (1 − β) Δ_k instead of Δ_k
-    (Karimireddy et al. 2021, Alg. 2, with Δ_k in place of the stochastic gradient). State: m [K, d].
-
-    `attack` (`attack(updates, byz_mask, generator=g)`, as in the engine) rewrites the messages of the
-    clients in `byzantine` *after* momentum, so omniscient attacks see the honest momenta. β = 0 is
-    plain FedAvg messages with the attack applied at the same point."""
+class WorkerMomentum(Transform):
+    """Uplink transform: each client sends its momentum m_k ← β m_k + (1 − β) Δ_k instead of Δ_k
+    (Karimireddy et al. 2021, Alg. 2, with Δ_k in place of the stochastic gradient). m_k is the client's
+    store entry, kept across rounds for every client. The engine's attack runs after every uplink
+    transform, so omniscient attacks (ALIE, IPM) read the honest momenta."""
     beta: float = 0.9
-    attack: Callable | None = None
-    byzantine: tuple = ()
-    seed: int = 0
 
     def __post_init__(self):
         if not 0 <= self.beta < 1:
             raise ValueError(f"worker momentum beta must be in [0, 1), got {self.beta}")
 
-    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
-        return {"m": theta.new_zeros(num_clients, theta.numel())}
+    def client_state(self, theta: torch.Tensor) -> dict:
+        return {"m": torch.zeros_like(theta)}
 
-    def after_local(self, state: dict, deltas: torch.Tensor, info: RoundInfo) -> tuple[torch.Tensor, dict]:
-        ids = torch.as_tensor(np.asarray(info.client_ids), device=deltas.device)
-        m = state["m"].clone()
-        m[ids] = self.beta * m[ids] + (1 - self.beta) * deltas
-        messages = m[ids]
-        byz = torch.isin(ids, torch.as_tensor(list(self.byzantine), dtype=ids.dtype, device=ids.device))
-        if self.attack is not None and byz.any():
-            g = torch.Generator().manual_seed(int(rng(self.seed, MOMENTUM_ATTACK, info.round).integers(2**62)))
-            messages = self.attack(messages, byz, generator=g)
-        return messages, {"m": m}
+    def __call__(self, msgs, cstate, ctx):
+        m = self.beta * cstate["m"] + (1 - self.beta) * msgs["delta"]
+        msgs.tensors["delta"] = m
+        return msgs, {"m": m}
 
 
-def robust_method(rule: str = "mean", f: int = 0, *, momentum: float = 0.0, attack: Callable | None = None,
-                  byzantine=(), seed: int = 0, server_lr: float = 1.0, **rule_hyper) -> Method:
-    """FedAvg with a robust rule, uniform weights and optional worker momentum, e.g.
-    `robust_method("cc", f=4, momentum=0.9, tau=0.5)`. `attack`/`byzantine` only matter with momentum
-    (they move the attack after the momentum step); without momentum pass them to `simulate`."""
+@register("robust", claims="robust_aggregation", notebook="robust_aggregation")
+def robust_method(rule: str = "mean", f: int = 0, *, momentum: float = 0.0, seed: int = 0, server_lr: float = 1.0,
+                  **rule_hyper) -> Method:
+    """FedAvg with a robust rule, uniform weights and optional worker momentum (an uplink transform), e.g.
+    `robust_method("cc", f=4, momentum=0.9, tau=0.5)`. Attacks are `simulate(attack=..., byzantine=...)`."""
     agg = robust_rule(rule, f, seed=seed, **rule_hyper)
-    objective = LocalObjective()
-    if momentum or attack is not None:
-        objective = WorkerMomentumObjective(momentum, attack, tuple(int(b) for b in byzantine), seed)
+    uplink = (WorkerMomentum(momentum),) if momentum else ()
     name = rule + (f"+wm{momentum:g}" if momentum else "")
-    return Method(name, objective, UniformWeighting(), agg, ServerSGD(lr=server_lr))
+    return Method(name, LocalObjective(), UniformWeighting(), agg, ServerSGD(lr=server_lr), uplink=uplink)
 
 
 # --- attacks ---------------------------------------------------------------------------------------------
@@ -198,7 +187,6 @@ def run_attack(rule: str, attack: str, fed: FederatedDataset, byzantine, *, f: i
     `attack_hyper`, else `DEFAULT_ATTACK_HYPER`). Other keywords go to `simulate` (all clients take part
     every round unless `clients_per_round` is given). A run the attack blows up (NaN updates) is not an
     error here: `on_nonfinite="drop"` keeps the last finite model, whose accuracy records the collapse."""
-    from ..engine import simulate
     byzantine = tuple(int(b) for b in byzantine)
     f = len(byzantine) if f is None else f
     simulate_kwargs.setdefault("clients_per_round", None)
@@ -216,10 +204,6 @@ def run_attack(rule: str, attack: str, fed: FederatedDataset, byzantine, *, f: i
     elif attack != "none":
         hyper = attack_hyper if attack_hyper is not None else DEFAULT_ATTACK_HYPER.get(attack, {})
         model_attack = get_attack(attack, **hyper)
-    if momentum:  # the attack must see (and replace) the momentum messages
-        method = robust_method(rule, f, momentum=momentum, attack=model_attack, byzantine=byzantine, seed=seed,
-                               **(rule_hyper or {}))
-        return simulate(method, fed, seed=seed, **simulate_kwargs)
-    method = robust_method(rule, f, seed=seed, **(rule_hyper or {}))
+    method = robust_method(rule, f, momentum=momentum, seed=seed, **(rule_hyper or {}))
     return simulate(method, fed, seed=seed, attack=model_attack, byzantine=byzantine if model_attack else (),
                     **simulate_kwargs)

@@ -2,41 +2,47 @@
 Averaging for Federated Learning", ICML 2020.
 
 Control variates correct client drift: the local step is y ← y − η(g_k(y) − c_k + c). After τ_k steps,
-option II sets c_k⁺ = c_k − c + (θ − y)/(τ_k η) = c_k − c − Δ_k/(τ_k η); the server moves
-c ← c + (|S|/N)·mean_k(c_k⁺ − c_k) and θ with the mean update (step size η_g).
+option II sets c_k⁺ = c_k − c + (θ − y)/(τ_k η) = c_k − c − Δ_k/(τ_k η); the client keeps c_k⁺ (its
+store entry) and sends Δ_k and Δc_k = c_k⁺ − c_k; the server moves c ← c + (|S|/N)·mean_k Δc_k and θ with
+the mean update (step size η_g).
 """
 from dataclasses import dataclass
 
 import torch
 
+from ..core.registry import register
 from .base import LocalObjective, Method, RoundInfo, ServerSGD, UniformWeighting, weighted_mean
 
 
 @dataclass
 class ControlVariateObjective(LocalObjective):
-    """State: server variate `c` [d] and client variates `c_k` (a dict, filled on first participation with 0)."""
+    """Server state: the variate `c` [d] (broadcast); client state: its own `c_k` [d] (0 until it trains)."""
 
     def init_state(self, theta, num_clients):
-        return {"c": torch.zeros_like(theta), "c_k": {}}
+        return {"c": torch.zeros_like(theta)}
 
-    def _c_k(self, state, k, theta):
-        return state["c_k"].get(int(k), torch.zeros_like(theta))
+    def client_state(self, theta):
+        return {"c_k": torch.zeros_like(theta)}
 
-    def client_context(self, state, client_ids, theta):
-        return torch.stack([state["c"] - self._c_k(state, k, theta) for k in client_ids])  # c − c_k
+    def broadcast(self, state):
+        return {"c": state["c"]}
+
+    def context(self, down, cstate):
+        return down["c"] - cstate["c_k"]  # c − c_k, one row per client
 
     def correction(self, w, anchor, ctx):
         return ctx
 
-    def after_local(self, state, deltas, info: RoundInfo):
-        c, c_new, delta_c = state["c"], dict(state["c_k"]), []
-        for k, delta, tau in zip(info.client_ids, deltas, info.steps):
-            old = self._c_k(state, k, c)
-            c_new[int(k)] = old - c - delta / (tau * info.lr)
-            delta_c.append(c_new[int(k)] - old)
-        c = c + (len(info.client_ids) / info.num_clients) * torch.stack(delta_c).mean(0)
-        return deltas, {"c": c, "c_k": c_new}
+    def finish(self, deltas, down, cstate, steps, lr):
+        old = cstate["c_k"]
+        new = old - down["c"] - deltas / (steps[:, None] * lr)
+        return {"delta_c": new - old}, {"c_k": new}
+
+    def server_update(self, state, msgs, info: RoundInfo):
+        c = state["c"] + (len(info.client_ids) / info.num_clients) * msgs["delta_c"].mean(0)
+        return {"c": c}
 
 
+@register("scaffold", claims="baselines", notebook="02_baselines")
 def scaffold(server_lr: float = 1.0) -> Method:
     return Method("scaffold", ControlVariateObjective(), UniformWeighting(), weighted_mean, ServerSGD(lr=server_lr))

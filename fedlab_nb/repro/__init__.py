@@ -4,8 +4,9 @@ Inside a notebook:   from fedlab_nb import repro
                      repro.record("final_acc", acc); repro.save_figure(fig); repro.check_claims("fedau")
 From Python / CLI:   repro.reproduce("fedau", "smoke"); repro.build_report("results")
 """
-from .claims import (ERROR, NOT_REPRODUCED, PARTIAL, REPRODUCED, ClaimsFileError, ReproError,
-                     UnknownPaperError, check_claims, claim_verdicts, load_claims, load_paper, paper_ids)
+from .claims import (ERROR, INCONCLUSIVE, NOT_REPRODUCED, PARTIAL, REPRODUCED, ClaimsFileError, ReproError,
+                     UnknownPaperError, check_claims, claim_verdicts, judge_detail, load_claims, load_paper,
+                     paper_ids, show_intervals)
 from .expect import ExpectationError, parse_expectation
 from .recording import record, recorded, save_figure
 
@@ -22,6 +23,7 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["record", "recorded", "save_figure", "check_claims", "claim_verdicts", "load_claims", "load_paper", "paper_ids",
+__all__ = ["record", "recorded", "save_figure", "check_claims", "claim_verdicts", "judge_detail", "show_intervals",
+           "load_claims", "load_paper", "paper_ids",
            "parse_expectation", "ClaimsFileError", "ExpectationError", "ReproError", "UnknownPaperError",
-           "REPRODUCED", "PARTIAL", "NOT_REPRODUCED", "ERROR", *_LAZY]
+           "REPRODUCED", "PARTIAL", "NOT_REPRODUCED", "INCONCLUSIVE", "ERROR", *_LAZY]

@@ -2,7 +2,8 @@
 
 The format is documented in papers/SCHEMA.md. Verdict of one claim:
 `expect` holds -> reproduced; else `partial` holds -> partially reproduced; else not reproduced at this
-scale; a missing / NaN metric or a failed notebook -> error.
+scale; a missing / NaN metric or a failed notebook -> error. A claim with `seeds: N` is judged on its N
+per-seed values instead (verdicts.py): reproduced / not reproduced / inconclusive at this scale.
 """
 from __future__ import annotations
 
@@ -16,14 +17,13 @@ import yaml
 
 from .expect import Expectation, ExpectationError, MetricError, metric_value, parse_expectation
 from .recording import recorded
+from .verdicts import (DEFAULT_CONFIDENCE, ERROR, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, PARTIAL, REPRODUCED,
+                       judge_seeded)
 
-REPRODUCED = "reproduced"
-PARTIAL = "partially reproduced"
-NOT_REPRODUCED = "not reproduced at this scale"
-ERROR = "error"
-STORED_VERDICTS = (REPRODUCED, PARTIAL, NOT_REPRODUCED)
+STORED_VERDICTS = (REPRODUCED, PARTIAL, NOT_REPRODUCED, INCONCLUSIVE)
 
 ROOT_ENV = "FEDLAB_NB_ROOT"
+_PAPER_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # ASCII only, unlike \w
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the repository holding fedlab_nb/, papers/, notebooks/
 
 
@@ -41,6 +41,12 @@ class UnknownPaperError(ReproError, LookupError):
     exit_code = 2
 
 
+class PaperIdError(ReproError, ValueError):
+    """A paper id that is not an identifier (e.g. a path such as '../papers/gas')."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class Claim:
     id: str
@@ -51,6 +57,8 @@ class Claim:
     paper_value: object
     verdict: str            # stored verdict at smoke scale
     note: str | None
+    seeds: int | None = None                # judged on this many per-seed values (verdicts.py)
+    confidence: float = DEFAULT_CONFIDENCE  # of the one-sided bounds, for seeded claims
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class Paper:
     claims: tuple
     path: Path              # the claims file
     requires: tuple = ()    # optional modules the notebook needs (e.g. flwr from an extra)
+    figure_tolerance: dict | None = None  # {rtol, atol} for figure data without a seed spread (figures.py)
 
     @property
     def root(self) -> Path:
@@ -82,8 +91,17 @@ def paper_ids(root: Path | None = None) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
+def check_paper_id(paper_id) -> str:
+    """A paper id is an identifier (the name of papers/<id>.yaml): never a path, so it cannot leave papers/."""
+    if not isinstance(paper_id, str) or not _PAPER_ID.fullmatch(paper_id):
+        raise PaperIdError(f"paper id {paper_id!r} is not an identifier (letters, digits, _; not starting with a "
+                           "digit); give the name of a papers/<id>.yaml file, e.g. 'gas', not a path")
+    return paper_id
+
+
 def claims_path(paper_id: str, root: Path | None = None) -> Path:
     """Path of papers/<paper_id>.yaml; an unknown id raises UnknownPaperError with close matches."""
+    check_paper_id(paper_id)
     root = Path(root or default_root())
     path = root / "papers" / f"{paper_id}.yaml"
     if not path.is_file():
@@ -96,6 +114,7 @@ def claims_path(paper_id: str, root: Path | None = None) -> Path:
 
 def find_claims_file(paper_id: str) -> Path:
     """Used from inside a notebook: $FEDLAB_NB_ROOT, then the CWD and its parents, then the package's repo."""
+    check_paper_id(paper_id)
     candidates = [Path(os.environ[ROOT_ENV])] if os.environ.get(ROOT_ENV) else []
     cwd = Path.cwd().resolve()
     candidates += [cwd, *cwd.parents, PACKAGE_ROOT]
@@ -107,10 +126,12 @@ def find_claims_file(paper_id: str) -> Path:
 
 # ---------------------------------------------------------------------------------------------- validation
 # the known fields of each mapping, in the order the schema lists them
-_TOP = ("id", "method", "paper", "seed_quote", "code", "notebook", "scales", "claims", "note", "requires")
+_TOP = ("id", "method", "paper", "seed_quote", "code", "notebook", "scales", "claims", "note", "requires",
+        "figure_tolerance")
+_TOLERANCE = ("rtol", "atol")
 _PAPER = ("title", "authors", "venue", "year", "url")
 _SCALE = ("device", "seconds", "parameters", "note")
-_CLAIM = ("id", "text", "metric", "expect", "partial", "paper_value", "verdict", "note")
+_CLAIM = ("id", "text", "metric", "expect", "partial", "paper_value", "verdict", "note", "seeds", "confidence")
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 
 
@@ -150,6 +171,40 @@ class _Checker:
                       "'within 0.05 of 0.91', 'between 0.4 and 0.6'")
 
 
+def _seed_fields(c: _Checker, entry: dict, where: str) -> tuple[int | None, float]:
+    """`seeds` (an int >= 5) and `confidence` (0.5 < c < 1, only with seeds); `==` cannot be judged over seeds."""
+    seeds = c.value(entry, "seeds", f"{where}.seeds", (int,), f"an integer >= {MIN_SEEDS} (or no seeds field for "
+                    "a single-run structural claim)", optional=True)
+    if seeds is not None and seeds < MIN_SEEDS:
+        c.fail(f"{where}.seeds", f"is {seeds}", f"an integer >= {MIN_SEEDS}: noisy claims are judged on at least "
+               f"{MIN_SEEDS} seeds")
+    confidence = c.value(entry, "confidence", f"{where}.confidence", (int, float), "a number between 0.5 and 1, "
+                         "e.g. 0.9", optional=True)
+    if confidence is not None and seeds is None:
+        c.fail(f"{where}.confidence", "is set without seeds", f"'seeds: N' (N >= {MIN_SEEDS}) beside it, or no "
+               "confidence field")
+    if confidence is not None and not 0.5 < confidence < 1:
+        c.fail(f"{where}.confidence", f"is {confidence!r}", "a number between 0.5 and 1 (exclusive), e.g. 0.9")
+    for key in ("expect", "partial"):
+        text = entry.get(key)
+        if seeds is not None and isinstance(text, str) and text.strip().startswith("=="):
+            c.fail(f"{where}.{key}", f"is {text!r} with seeds: {seeds}", "<, <=, >, >=, 'within' or 'between' "
+                   "(== cannot be judged over seeds: keep an exact claim single-run, without seeds)")
+    return seeds, float(confidence) if confidence is not None else DEFAULT_CONFIDENCE
+
+
+def _figure_tolerance(c: _Checker, raw) -> dict | None:
+    """`figure_tolerance: {rtol: 0.01, atol: 0.01}` (both optional, numbers >= 0)."""
+    if raw is None:
+        return None
+    c.mapping(raw, "figure_tolerance", _TOLERANCE, optional=_TOLERANCE)
+    for key in raw:
+        value = c.value(raw, key, f"figure_tolerance.{key}", (int, float), "a number >= 0")
+        if value < 0:
+            c.fail(f"figure_tolerance.{key}", f"is {value!r}", "a number >= 0")
+    return {k: float(v) for k, v in raw.items()}
+
+
 def load_claims(path: Path | str) -> Paper:
     """Read and validate one claims file."""
     path = Path(path)
@@ -160,10 +215,12 @@ def load_claims(path: Path | str) -> Paper:
     except OSError as e:
         raise ClaimsFileError(f"{path}: cannot be read ({e.strerror})") from None
     c = _Checker(path)
-    c.mapping(data, "", _TOP, optional=("code", "note", "requires"))
+    c.mapping(data, "", _TOP, optional=("code", "note", "requires", "figure_tolerance"))
     pid = c.value(data, "id", "id", (str,), "a string")
     if pid != path.stem:
         c.fail("id", f"is {pid!r}", f"the file name without .yaml, {path.stem!r}")
+    if not _PAPER_ID.fullmatch(pid):
+        c.fail("id", f"is {pid!r}", "an identifier (letters, digits, _), also as the file name")
     text_fields = {k: c.value(data, k, k, (str,), "a non-empty string") for k in ("method", "seed_quote", "notebook")}
     for key, value in text_fields.items():
         if not value.strip():
@@ -198,7 +255,7 @@ def load_claims(path: Path | str) -> Paper:
     claims, seen = [], set()
     for i, raw in enumerate(data["claims"]):
         where = f"claims[{i}]"
-        entry = c.mapping(raw, where, _CLAIM, optional=("partial", "paper_value", "note"))
+        entry = c.mapping(raw, where, _CLAIM, optional=("partial", "paper_value", "note", "seeds", "confidence"))
         cid = c.value(entry, "id", f"{where}.id", (str,), "an identifier such as 'weight_invariance'")
         if not _IDENT.match(cid) or cid in seen:
             c.fail(f"{where}.id", f"is {cid!r}", "a unique identifier (letters, digits, _)")
@@ -213,6 +270,7 @@ def load_claims(path: Path | str) -> Paper:
         if verdict != REPRODUCED and not (note or "").strip():
             c.fail(f"{where}.note", f"is missing for verdict {verdict!r}", "what was tried, with numbers")
         partial = entry.get("partial")
+        seeds, confidence = _seed_fields(c, entry, where)
         claims.append(Claim(
             id=cid,
             text=c.value(entry, "text", f"{where}.text", (str,), "one sentence"),
@@ -223,10 +281,13 @@ def load_claims(path: Path | str) -> Paper:
                                 "a string or number (or null)", optional=True),
             verdict=verdict,
             note=note,
+            seeds=seeds,
+            confidence=confidence,
         ))
     return Paper(id=pid, method=text_fields["method"], paper=dict(paper), seed_quote=text_fields["seed_quote"],
                  code=code, notebook=text_fields["notebook"], scales=scales, claims=tuple(claims), path=path,
-                 requires=tuple(c.value(data, "requires", "requires", (list,), "a list of module names", True) or ()))
+                 requires=tuple(c.value(data, "requires", "requires", (list,), "a list of module names", True) or ()),
+                 figure_tolerance=_figure_tolerance(c, data.get("figure_tolerance")))
 
 
 def missing_requirements(paper: Paper) -> list[str]:
@@ -242,33 +303,56 @@ def load_paper(paper_id: str, root: Path | None = None) -> Paper:
 # ---------------------------------------------------------------------------------------------- verdicts
 def judge(claim: Claim, metrics: dict) -> tuple[str, str | None]:
     """(verdict, reason) of one claim against recorded metrics; reason is set for errors only."""
+    return judge_detail(claim, metrics)[:2]
+
+
+def judge_detail(claim: Claim, metrics: dict) -> tuple[str, str | None, dict | None]:
+    """(verdict, reason, interval summary): the summary is set for seeded claims (verdicts.judge_seeded)."""
     try:
+        if claim.seeds is not None:
+            verdict, summary = judge_seeded(claim.expect, claim.partial, claim.metric, claim.seeds, metrics,
+                                            claim.confidence)
+            return verdict, None, summary
+        _refuse_per_seed_lists(claim, metrics)
         value = metric_value(metrics, claim.metric)
         if claim.expect.holds(value, metrics):
-            return REPRODUCED, None
+            return REPRODUCED, None, None
         if claim.partial is not None and claim.partial.holds(value, metrics):
-            return PARTIAL, None
-        return NOT_REPRODUCED, None
+            return PARTIAL, None, None
+        return NOT_REPRODUCED, None, None
     except MetricError as e:
-        return ERROR, str(e)
+        return ERROR, str(e), None
+
+
+def _refuse_per_seed_lists(claim: Claim, metrics: dict) -> None:
+    """A single-run claim cannot silently compare a per-seed list: say how to fix the claims file."""
+    names = {claim.metric} | claim.expect.names | (claim.partial.names if claim.partial else set())
+    for name in sorted(names):
+        if isinstance(metrics.get(name), list):
+            raise MetricError(f"metric {name} holds {len(metrics[name])} per-seed values but claim {claim.id} "
+                              f"has no seeds field; add 'seeds: {len(metrics[name])}' to it (or record one number)")
 
 
 def paper_verdict(verdicts: list[str]) -> str:
-    """Summary over claims: error if any errored, reproduced if all were, not reproduced if none was even
-    partially, else partially reproduced."""
+    """Summary over claims: error if any errored, reproduced if all were, not reproduced if all were not,
+    inconclusive if none was (even partially) reproduced but some were inconclusive, else partially
+    reproduced (papers/SCHEMA.md)."""
     if not verdicts or ERROR in verdicts:
         return ERROR
     if all(v == REPRODUCED for v in verdicts):
         return REPRODUCED
     if all(v == NOT_REPRODUCED for v in verdicts):
         return NOT_REPRODUCED
+    if all(v in (NOT_REPRODUCED, INCONCLUSIVE) for v in verdicts):
+        return INCONCLUSIVE
     return PARTIAL
 
 
 def claim_line(claim: Claim, verdict: str, reason: str | None = None) -> str:
-    """The stable line printed by check_claims: no measured numbers in it."""
+    """The stable line printed by check_claims: no measured numbers in it (a seeded claim says its n)."""
     label = f"ERROR ({reason})" if verdict == ERROR else verdict.upper()
-    return f"{claim.id} ({claim.metric} {claim.expect.text}): {label}"
+    seeds = f", {claim.seeds} seeds" if claim.seeds is not None else ""
+    return f"{claim.id} ({claim.metric} {claim.expect.text}{seeds}): {label}"
 
 
 def claim_verdicts(paper_id: str, metrics: dict | None = None) -> list[tuple[Claim, str, str | None]]:
@@ -284,3 +368,14 @@ def check_claims(paper_id: str, metrics: dict | None = None) -> None:
     Returns None so that Jupyter shows only the printed lines (nbval compares them)."""
     for claim, verdict, reason in claim_verdicts(paper_id, metrics):
         print(claim_line(claim, verdict, reason))
+
+
+def show_intervals(paper_id: str, metrics: dict | None = None) -> None:
+    """Print mean ± half-width per seeded claim; for a cell nbval does not check (the numbers vary)."""
+    from .verdicts import summary_text
+    paper = load_claims(find_claims_file(paper_id))
+    metrics = recorded() if metrics is None else metrics
+    for claim in paper.claims:
+        if claim.seeds is not None:
+            verdict, reason, summary = judge_detail(claim, metrics)
+            print(f"{claim.id}: {summary_text(summary) or reason} -> {verdict}")

@@ -27,6 +27,8 @@ _TOKEN = re.compile(r"""\s*(?:
 _COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 _KEYWORDS = {"within", "of", "between", "and", "true", "false"}
+MAX_DEPTH = 32      # nested '(' / unary '-': deeper input would exhaust Python's recursion limit
+MAX_TOKENS = 256    # a long chain 'a + a + …' nests as deeply as parentheses do
 
 
 class ExpectationError(ValueError):
@@ -53,7 +55,10 @@ class _Parser:
     """Recursive descent over the token list; expressions become nested tuples."""
 
     def __init__(self, text: str):
-        self.text, self.tokens, self.i = text, _tokenize(text), 0
+        self.text, self.tokens, self.i, self.depth = text, _tokenize(text), 0, 0
+        if len(self.tokens) > MAX_TOKENS:
+            raise ExpectationError(f"expectation {_short(text)} has {len(self.tokens)} tokens; at most {MAX_TOKENS} "
+                                   "are allowed (record the combined value as its own metric instead)")
 
     def peek(self):
         return self.tokens[self.i] if self.i < len(self.tokens) else (None, None)
@@ -81,6 +86,11 @@ class _Parser:
 
     def atom(self):
         kind, tok = self.take()
+        if tok in ("-", "("):
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise ExpectationError(f"expectation {_short(self.text)} nests parentheses / '-' more than "
+                                       f"{MAX_DEPTH} deep; simplify it")
         if kind == "num":
             return ("num", float(tok))
         if kind == "str":
@@ -90,16 +100,24 @@ class _Parser:
         if kind == "name" and tok not in _KEYWORDS:
             return ("metric", tok)
         if tok == "-":
-            return ("*", ("num", -1.0), self.atom())
+            node = ("*", ("num", -1.0), self.atom())
+            self.depth -= 1
+            return node
         if tok == "(":
             node = self.expr()
             self.take(")")
+            self.depth -= 1
             return node
         raise ExpectationError(f"expected a number or a metric name in expectation {self.text!r}, got {tok!r}")
 
     def end(self):
         if self.i != len(self.tokens):
             raise ExpectationError(f"unexpected {self.tokens[self.i][1]!r} in expectation {self.text!r}")
+
+
+def _short(text: str) -> str:
+    """The expectation for an error message, cut to a readable length."""
+    return repr(text) if len(text) <= 80 else repr(text[:60]) + f"… ({len(text)} characters)"
 
 
 def _names(node) -> set[str]:

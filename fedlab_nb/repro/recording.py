@@ -26,20 +26,53 @@ def run_dir() -> Path | None:
 
 
 def to_json_value(value, name: str = "value"):
-    """A JSON-safe copy of a scalar: numpy / torch scalars become Python ones, NaN and ±inf become None."""
+    """A JSON-safe copy of a scalar or of a 1-D sequence of numbers (one per seed): numpy / torch values
+    become Python ones, NaN and ±inf become None."""
+    if _is_sequence(value):
+        return per_seed_values(value, name)
     if hasattr(value, "item") and callable(value.item):  # numpy scalar, 0-d array, one-element tensor
         try:
             value = value.item()
         except (ValueError, RuntimeError):
-            raise TypeError(f"record({name!r}, ...) needs a single number, got an array of shape "
-                            f"{tuple(getattr(value, 'shape', ()))}; reduce it first (e.g. .mean())") from None
+            raise TypeError(f"record({name!r}, ...) needs a single number or a 1-D sequence (one value per "
+                            f"seed), got an array of shape {tuple(getattr(value, 'shape', ()))}; "
+                            "reduce it first (e.g. .mean(axis=1))") from None
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    raise TypeError(f"record({name!r}, ...) takes a number, bool or str, got {type(value).__name__}")
+    raise TypeError(f"record({name!r}, ...) takes a number, bool, str or a 1-D sequence of numbers, "
+                    f"got {type(value).__name__}")
+
+
+def _is_sequence(value) -> bool:
+    """A list / tuple, or an array / tensor of more than one element (one-element ones stay scalars, as
+    before per-seed lists existed; a per-seed list has at least 5 values anyway)."""
+    if isinstance(value, (list, tuple)):
+        return True
+    shape = getattr(value, "shape", None)
+    size = math.prod(tuple(shape)) if shape is not None else 0
+    return shape is not None and len(tuple(shape)) >= 1 and size != 1 and hasattr(value, "tolist")
+
+
+def per_seed_values(value, name: str = "value") -> list:
+    """A 1-D sequence of numbers as a list of floats / ints (NaN, ±inf -> None), one entry per seed."""
+    shape = tuple(getattr(value, "shape", (len(value),)))
+    if len(shape) != 1:
+        raise TypeError(f"record({name!r}, ...) takes a 1-D sequence (one value per seed), got shape {shape}; "
+                        "record each curve's final value, or reduce the extra axis first")
+    items = value.tolist() if hasattr(value, "tolist") else list(value)
+    if not items:
+        raise ValueError(f"record({name!r}, ...) got an empty sequence; record one value per seed")
+    out = []
+    for i, item in enumerate(items):
+        item = item.item() if hasattr(item, "item") and callable(item.item) else item
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            raise TypeError(f"record({name!r}, [...]) needs numbers, got {item!r} at index {i}")
+        out.append(item if isinstance(item, int) or math.isfinite(item) else None)
+    return out
 
 
 def write_json_atomic(path: Path, data) -> None:
@@ -52,7 +85,10 @@ def write_json_atomic(path: Path, data) -> None:
 
 
 def record(name: str, value) -> None:
-    """Store one metric of this run under `name` (a claim's `metric`); NaN / inf are stored as null."""
+    """Store one metric of this run under `name` (a claim's `metric`); NaN / inf are stored as null.
+
+    `value` is a number, bool or str, or a 1-D sequence of numbers (list, numpy array, 1-D tensor) holding
+    one value per seed, for claims with `seeds: N` in the claims file."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"record(name=...) must be an identifier such as 'final_acc', got {name!r}")
     _metrics[name] = to_json_value(value, name)
@@ -69,17 +105,25 @@ def recorded() -> dict:
     return dict(_metrics)
 
 
-def save_figure(fig, name: str = "main") -> None:
-    """Save a matplotlib figure (or anything with `.figure`, e.g. a seaborn grid or an Axes) for the report.
+def save_figure(fig, name: str = "main", data=None) -> None:
+    """Save a matplotlib figure (or anything with `.figure`, e.g. a seaborn grid or an Axes) for the report,
+    and the numbers it shows as `<name>.data.json` (compared with papers/figures/<id>.json by the tests).
 
-    The figure is not closed, so Jupyter still shows it inline. Without a run folder (interactive use,
-    nbval) nothing is written. Returns None, so the cell shows no path."""
+    `data` (optional) gives those numbers instead of reading them off the figure: a dict of name -> 1-D
+    sequence, name -> seeds × points array (stores mean, sd and n per point), or a pandas DataFrame; pass it
+    when the figure shows a mean over seeds. The figure is not closed, so Jupyter still shows it inline.
+    Without a run folder (interactive use, nbval) nothing is written. Returns None, so the cell shows no path."""
+    from . import figures  # numpy-only module; imported here to keep `import repro` light
+
     if not isinstance(name, str) or not re.match(r"^[\w.-]+$", name):
         raise ValueError(f"save_figure(name=...) must be a simple file name such as 'main', got {name!r}")
     figure = fig if hasattr(fig, "savefig") else getattr(fig, "figure", None)
     if figure is None or not hasattr(figure, "savefig"):
         raise TypeError(f"save_figure needs a matplotlib Figure (or an object with .figure), got {type(fig).__name__}")
+    if data is not None:
+        figures.data_series(data)  # a bad `data` fails interactively too, not only under the runner
     folder = run_dir()
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         figure.savefig(folder / f"{name}.png", dpi=100, bbox_inches="tight")
+        figures.write_figure_data(folder, name, figures.figure_payload(figure, name, data))

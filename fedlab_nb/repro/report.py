@@ -3,25 +3,24 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from pathlib import Path
+from urllib.parse import quote
 
-from .claims import ERROR, NOT_REPRODUCED, PARTIAL, REPRODUCED
+from .claims import ERROR, INCONCLUSIVE, NOT_REPRODUCED, PARTIAL, REPRODUCED
+from .results import STALE, read_result, result_files, safe_figure, stale_result
+from .verdicts import summary_text
 
-COLOURS = {REPRODUCED: "#2e7d32", PARTIAL: "#ef8f00", NOT_REPRODUCED: "#757575", ERROR: "#c62828"}
+COLOURS = {REPRODUCED: "#2e7d32", PARTIAL: "#ef8f00", NOT_REPRODUCED: "#757575", INCONCLUSIVE: "#5c6bc0",
+           ERROR: "#c62828", STALE: "#6d4c41"}
 COLUMNS = ["Paper", "Scale", "Claim", "Paper's number", "Ours", "Expectation", "Verdict"]
 
 
 def load_results(results_dir="results") -> list[dict]:
-    """All result files, sorted by paper then scale; files that are not results are ignored."""
+    """All results/<id>-<scale>.json, sorted by paper then scale; a corrupt one becomes a stale entry."""
     results = []
-    for path in sorted(Path(results_dir).glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(data, dict) and "paper" in data and "claims" in data:
-            results.append(data)
+    for path, paper_id, scale in result_files(results_dir):
+        data, problem = read_result(path)
+        results.append(data if problem is None else stale_result(paper_id, scale, path, problem))
     return sorted(results, key=lambda r: (r["paper"], r["scale"]))
 
 
@@ -31,47 +30,71 @@ def fmt(value) -> str:
         return "—"
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, list):  # per-seed values of a claim without an interval (e.g. an error row)
+        return "[" + ", ".join(fmt(v) for v in value) + "]"
     return str(value)
 
 
+def ours(claim: dict) -> str:
+    """Our number: mean ± half-width (n, confidence) for a seeded claim, else the single value."""
+    return summary_text(claim.get("interval")) or fmt(claim.get("ours"))
+
+
 def _rows(result: dict) -> list[list[str]]:
+    if result["verdict"] == STALE:  # one row, so a corrupt result cannot vanish from the table
+        return [[result["paper"], result["scale"], "—", "—", "—", "—", f"{STALE}: corrupt result file"]]
     rows = []
     for c in result["claims"]:
         expect = c["expect"] + (f" (partial: {c['partial']})" if c.get("partial") else "")
         verdict = c["verdict"] + (f": {c['reason']}" if c.get("reason") else "")
         paper_value = "—" if c.get("paper_value") is None else str(c["paper_value"])
-        rows.append([result["paper"], result["scale"], c["id"], paper_value, fmt(c.get("ours")), expect, verdict])
+        rows.append([result["paper"], result["scale"], c["id"], paper_value, ours(c), expect, verdict])
     return rows
 
 
 def _error_text(result: dict) -> str | None:
+    if result.get("stale"):
+        return result["stale"]
     e = result.get("error")
-    if not e:
+    if not isinstance(e, dict):
         return None
-    return f"notebook failed in cell {e['cell']} ({result['notebook']}): {e['ename']}: {e['evalue']}"
+    return (f"notebook failed in cell {e.get('cell')} ({result.get('notebook')}): "
+            f"{e.get('ename')}: {e.get('evalue')}")
 
 
-def markdown(results: list[dict]) -> str:
-    md_cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
+def md_text(s) -> str:
+    """Text for REPORT.md: no raw HTML (& and < escaped, as in index.html), no links, one line, no cell breaks."""
+    s = str(s).replace("&", "&amp;").replace("<", "&lt;").replace("](", "]\\(").replace("][", "]\\[")
+    s = "\\" + s if s.startswith("[") else s  # '[x]: url' at a line start would define a link
+    return s.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def _figures(result: dict, results_dir) -> list[tuple[str, Path]]:
+    """(name, file) of the result's figures that are PNGs inside the results folder; others are skipped."""
+    named = result.get("figures")
+    named = named if isinstance(named, list) else []
+    return [(f, p) for f in named if (p := safe_figure(results_dir, f)) is not None]
+
+
+def markdown(results: list[dict], results_dir=None) -> str:
+    md_cell = md_text
     lines = ["# Reproducibility report", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in results:
         lines += ["| " + " | ".join(md_cell(x) for x in row) + " |" for row in _rows(r)]
     lines.append("")
     for r in results:
-        lines += [f"## {r['paper']} ({r['scale']}): {r['verdict']}", "",
-                  f"{r.get('method', '')} — seed {r.get('seed')}, device {r.get('device')}, "
-                  f"{r.get('wall_seconds')} s, {r.get('timestamp')}", ""]
+        lines += [f"## {md_cell(r['paper'])} ({md_cell(r['scale'])}): {md_cell(r['verdict'])}", "",
+                  md_cell(f"{r.get('method', '')} — seed {r.get('seed')}, device {r.get('device')}, "
+                          f"{r.get('wall_seconds')} s, {r.get('timestamp')}"), ""]
         if _error_text(r):
             lines += [f"**Error:** {md_cell(_error_text(r))}", ""]
-        lines += [f"![{Path(f).stem}]({f})" for f in r.get("figures", [])] + [""]
+        figures = _figures(r, results_dir) if results_dir is not None else []
+        lines += [f"![{md_cell(Path(f).stem)}]({quote(Path(f).as_posix())})" for f, _ in figures] + [""]
     return "\n".join(lines)
 
 
-def _img(results_dir: Path, figure: str) -> str:
-    path = results_dir / figure
-    if not path.is_file():
-        return ""
+def _img(figure: str, path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<img alt="{html.escape(figure)}" src="data:image/png;base64,{data}">'
 
@@ -93,12 +116,12 @@ def html_page(results: list[dict], results_dir: Path) -> str:
         if _error_text(r):
             parts.append(f"<p class='err'>{e(_error_text(r))}</p>")
         parts.append("<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in COLUMNS[2:]) + "</tr>")
-        for claim, row in zip(r["claims"], _rows(r)):
+        for claim, row in zip(r["claims"] or [{"verdict": r["verdict"]}], _rows(r)):
             cells = "".join(f"<td>{e(x)}</td>" for x in row[2:-1])
             colour = COLOURS.get(claim["verdict"], "#000")
             parts.append(f"<tr>{cells}<td class='v' style='background:{colour}'>{e(row[-1])}</td></tr>")
         parts.append("</table>")
-        parts.append("<div>" + "".join(_img(results_dir, f) for f in r.get("figures", [])) + "</div>")
+        parts.append("<div>" + "".join(_img(f, p) for f, p in _figures(r, results_dir)) + "</div>")
     return "\n".join(parts) + "\n"
 
 
@@ -106,7 +129,7 @@ def build_report(results_dir="results") -> str:
     """Write REPORT.md and index.html into `results_dir`; returns the markdown."""
     results_dir = Path(results_dir)
     results = load_results(results_dir)
-    text = markdown(results)
+    text = markdown(results, results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "REPORT.md").write_text(text)
     (results_dir / "index.html").write_text(html_page(results, results_dir))

@@ -1,9 +1,9 @@
 """Run a paper's notebook with papermill and turn its recorded metrics into a result file.
 
-    run_notebook(id, scale)  -> executed notebook results/<id>-<scale>.ipynb, figures + metrics in
-                                results/<id>-<scale>/
+    run_notebook(id, scale)  -> executed notebook, figures + metrics in their own folder
+                                results/runs/<id>-<scale>-<hash of the parameters>/ (never reproduce's files)
     reproduce(id, scale)     -> the above + claim verdicts in results/<id>-<scale>.json (skipped when a
-                                result with the same notebook, claims file and parameters already exists)
+                                result with the same notebook, claims file and parameters exists and its outputs are untouched)
 """
 from __future__ import annotations
 
@@ -16,15 +16,17 @@ import platform
 import subprocess
 import sys
 import time
+import warnings
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
 import nbformat
 
-from .claims import (ERROR, ROOT_ENV, PACKAGE_ROOT, Paper, ReproError, default_root, judge, load_paper,
+from .claims import (ERROR, ROOT_ENV, PACKAGE_ROOT, Paper, ReproError, default_root, judge_detail, load_paper,
                      paper_verdict)
 from .recording import METRICS_FILE, RUN_DIR_ENV, write_json_atomic
+from .results import StaleResultWarning, file_digest, read_result
 
 KERNEL = "python3"
 _NO_DEFAULT = object()  # a parameter whose default is not a literal: any type accepted
@@ -138,7 +140,14 @@ def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = 
     root = Path(root or default_root())
     paper = load_paper(paper_id, root)
     params, _ = build_parameters(paper, scale, parameters, device)
-    return _execute(paper, scale, params, _out_dir(out_dir, root))
+    return _execute(paper, scale, params, run_folder(paper.id, scale, params, _out_dir(out_dir, root)))
+
+
+def run_folder(paper_id: str, scale: str, params: dict, out_dir) -> Path:
+    """results/runs/<id>-<scale>-<8 hex of the parameters>: a `run` never overwrites what `reproduce` wrote
+    (and the board embeds), and runs with other parameters do not overwrite each other."""
+    key = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return Path(out_dir) / "runs" / f"{paper_id}-{scale}-{key}"
 
 
 def _execute(paper: Paper, scale: str, params: dict, out_dir: Path) -> dict:
@@ -147,7 +156,7 @@ def _execute(paper: Paper, scale: str, params: dict, out_dir: Path) -> dict:
     run_dir = out_dir / f"{paper.id}-{scale}"
     run_dir.mkdir(parents=True, exist_ok=True)
     # a previous run's metrics and figures must not pass for this run's
-    for stale in [run_dir / METRICS_FILE, *run_dir.glob("*.png")]:
+    for stale in [run_dir / METRICS_FILE, *run_dir.glob("*.png"), *run_dir.glob("*.data.json")]:
         stale.unlink(missing_ok=True)
     executed = out_dir / f"{paper.id}-{scale}.ipynb"
     notebook = notebook_path(paper)
@@ -214,21 +223,25 @@ def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, paramete
     digest = content_hash(paper, params)
     path = result_path(paper.id, scale, out_dir)
     if path.exists() and not force:
-        old = json.loads(path.read_text())
-        if old.get("hash") == digest and old.get("verdict") != ERROR:
+        old, problem = read_result(path)
+        if problem:  # a corrupt result is stale: say so, run again
+            warnings.warn(f"{path} {problem}; treating it as stale and running {paper.id} again",
+                          StaleResultWarning, stacklevel=2)
+        elif old.get("hash") == digest and old.get("verdict") != ERROR and _outputs_intact(old, out_dir):
             return {**old, "skipped": True}
 
     run = _execute(paper, scale, params, out_dir)
     rows = []
     for claim in paper.claims:
+        summary = None
         if run["error"]:
             verdict, reason = ERROR, f"notebook failed in cell {run['error']['cell']}: {run['error']['ename']}"
         else:
-            verdict, reason = judge(claim, run["metrics"])
+            verdict, reason, summary = judge_detail(claim, run["metrics"])
         rows.append({"id": claim.id, "text": claim.text, "metric": claim.metric, "expect": claim.expect.text,
                      "partial": claim.partial.text if claim.partial else None, "paper_value": claim.paper_value,
                      "ours": run["metrics"].get(claim.metric), "verdict": verdict, "reason": reason,
-                     "stored_verdict": claim.verdict})
+                     "stored_verdict": claim.verdict, "seeds": claim.seeds, "interval": summary})
     run_dir = Path(run["run_dir"])
     result = {
         "paper": paper.id, "method": paper.method, "title": paper.paper.get("title"), "scale": scale,
@@ -236,16 +249,30 @@ def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, paramete
         "claims": rows, "metrics": run["metrics"], "error": run["error"],
         "notebook": os.path.relpath(run["notebook"], out_dir),
         "figures": sorted(os.path.relpath(p, out_dir) for p in run_dir.glob("*.png")),
+        "figure_data": sorted(os.path.relpath(p, out_dir) for p in run_dir.glob("*.data.json")),
         "parameters": params,
         "device": params.get("device", _literal(defaults.get("device"))),
         "seed": params.get("seed", _literal(defaults.get("seed"))),
         "versions": _versions(), "git_commit": _git_commit(root),
         "wall_seconds": run["wall_seconds"], "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "hash": digest,
+        "outputs": _output_digests(out_dir, [run["notebook"], *run_dir.iterdir()]),
     }
     result = json.loads(json.dumps(result, default=str))  # e.g. a tuple parameter -> list
     write_json_atomic(path, result)
     return result
+
+
+def _output_digests(out_dir: Path, files) -> dict:
+    """{path relative to out_dir: sha256} of the executed notebook and the run folder's files."""
+    return {os.path.relpath(f, out_dir): file_digest(f) for f in sorted(map(Path, files)) if Path(f).is_file()}
+
+
+def _outputs_intact(result: dict, out_dir: Path) -> bool:
+    """Whether the notebook, figures and metrics on disk are still the ones this result was made from."""
+    outputs = result.get("outputs")
+    return isinstance(outputs, dict) and bool(outputs) and all(
+        isinstance(rel, str) and file_digest(Path(out_dir) / rel) == digest for rel, digest in outputs.items())
 
 
 def mismatches(result: dict) -> list[str]:

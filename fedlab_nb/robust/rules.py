@@ -134,15 +134,14 @@ def trimmed_mean(updates: Tensor, weights: Tensor | None = None, *, beta: float 
 
 
 def _squared_distances(x: Tensor) -> Tensor:
-    """Pairwise ‖x_i − x_j‖² via the Gram matrix (one n×n matmul, no [n, n, d] tensor)."""
-    # centre on the row of median norm: cancellation in ‖a‖² + ‖b‖² − 2aᵀb scales with ‖a‖², and unlike the
-    # mean this centre cannot be dragged away by a few huge outliers
-    norms = x.norm(dim=1)
-    x = x - x[(norms - norms.median()).abs().argmin()]
-    sq = (x * x).sum(dim=1)
-    d2 = sq[:, None] + sq[None, :] - 2.0 * (x @ x.T)
-    d2.fill_diagonal_(0.0)
-    return d2.clamp_min_(0.0)
+    """Pairwise ‖x_i − x_j‖² summed from the differences (as Flower does), a block of rows at a time.
+
+    Exactly symmetric with a zero diagonal, so equal distances stay equal and Krum's ties go to the lowest
+    index (the Gram form ‖a‖² + ‖b‖² − 2aᵀb rounds d(a, b) and d(b, a) differently)."""
+    n, d = x.shape
+    step = max(1, 2 ** 24 // max(1, n * d))  # bounds the [step, n, d] temporary to ~16M numbers
+    d2 = torch.cat([((x[i:i + step, None, :] - x[None, :, :]) ** 2).sum(dim=2) for i in range(0, n, step)])
+    return (d2 + d2.T) / 2  # the two sums hold the same squares; averaging makes equality exact
 
 
 def _krum_scores(d2: Tensor, f: int) -> Tensor:

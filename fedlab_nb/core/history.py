@@ -1,0 +1,51 @@
+"""`History`: one row per round, a pandas DataFrame that saves and loads."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+METRICS = ["round", "n_sampled", "train_loss", "test_loss", "test_acc", "client_acc_mean", "client_acc_std",
+           "client_acc_p10", "bytes_up", "bytes_down"]
+# personal-model columns (personal_acc_mean/std/p10) appear for methods whose clients keep their own model
+
+
+class History(pd.DataFrame):
+    """A DataFrame with columns `METRICS` (NaN where a round was not evaluated) and `.meta` (the run's
+    configuration). `final("test_acc")` is the last evaluated value."""
+    _metadata = ["meta", "theta", "model", "store", "client_acc", "state"]  # theta/model: final flat parameters and module of a run
+
+    @property
+    def _constructor(self):
+        return History
+
+    @classmethod
+    def from_rows(cls, rows: list[dict], meta: dict | None = None) -> "History":
+        frame = pd.DataFrame(rows, columns=METRICS if not rows else None)
+        known = [c for c in METRICS if c in frame.columns]
+        h = cls(frame[known + [c for c in frame.columns if c not in known]])  # a stable column order
+        h.meta = dict(meta or {})
+        return h
+
+    def final(self, metric: str = "test_acc") -> float:
+        vals = self[metric].dropna()
+        if vals.empty:
+            raise ValueError(f"no evaluated value of {metric!r} in this History")
+        return float(vals.iloc[-1])
+
+    def save(self, path: str | Path) -> Path:
+        """CSV of the rows plus a `.json` beside it holding `meta`."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(self).to_csv(path, index=False)
+        path.with_suffix(".json").write_text(json.dumps(getattr(self, "meta", {}), indent=1, default=str))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "History":
+        path = Path(path)
+        h = cls(pd.read_csv(path))
+        meta_file = path.with_suffix(".json")
+        h.meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+        return h

@@ -1,0 +1,280 @@
+"""The parts a federated method is composed of, and the contract between a method and the engine.
+
+    broadcast ─► client update (tracks of local training: init → steps → final) ─► message + client state
+      ─► uplink transforms ─► server: weighting ─► (normalisation) ─► rule ─► server optimiser ─► θ
+
+Each part is a small object with an optional `init_state` and pure tensor functions. Server state lives
+in one dict the engine checkpoints; per-client state lives in the client store (`engine.store`), for
+all K clients, and is handed to the parts as a batch `{name: [m, ...]}` of the round's clients. A method
+is a `Method(...)` of parts, not a subclass tree. This module imports nothing from the engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .groups import ParamGroups
+from .messages import Messages
+from .optim import SGD, Adam, make_optimizer
+
+
+@dataclass
+class RoundInfo:
+    """What the server knows about one round when it aggregates (the rules' round context)."""
+    round: int
+    client_ids: np.ndarray          # sampled clients that returned a message, [m]
+    sizes: torch.Tensor             # their local data sizes n_k, [m] float
+    steps: torch.Tensor             # local steps each took τ_k, [m] float
+    num_clients: int                # K, all clients in the federation
+    lr: float                       # client step size η
+    theta: torch.Tensor | None = None     # the broadcast global parameters
+    messages: Messages | None = None      # every entry the clients sent (rankings, variates, statistics ...)
+
+
+# --- local objectives ------------------------------------------------------------------------------
+@dataclass
+class LocalObjective:
+    """Plain local ERM (FedAvg): the client step direction is ∇f_k(w; batch).
+
+    Subclasses add a gradient term through `correction(w, anchor, ctx)` — a pure function of the local
+    weights w, the broadcast weights (anchor) and a per-client context row, so the same code runs per
+    client (`loop`) or vmapped over clients (`vmap`). Per-client state: `client_state` (defaults of the
+    store entries), `context` (the ctx rows from broadcast + state), `finish` (what the client adds to its
+    message and its new state after training), `server_update` (the server's bookkeeping).
+
+    `extra_loss`: None, or a method `extra_loss(model, params, x, y, anchor, ctx) -> [B]` of per-row loss
+    terms added (as their batch mean) to the client's loss before differentiation, for terms that are not
+    a gradient correction of w (MOON's contrastive loss on representations). `params`: name → tensor (the
+    local weights), `anchor`/`ctx`: as in `correction`. Written with torch.func it runs in both kernels."""
+    vmappable = True
+    extra_loss = None
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        return {}
+
+    def client_state(self, theta: torch.Tensor) -> dict:
+        return {}
+
+    def broadcast(self, state: dict) -> dict:
+        """Extra server tensors sent to every sampled client (SCAFFOLD's c)."""
+        return {}
+
+    def context(self, down: dict, cstate: dict) -> torch.Tensor | None:
+        """Per-client tensor [m, d] fed to `correction` (None: no correction)."""
+        return None
+
+    def correction(self, w: torch.Tensor, anchor: torch.Tensor, ctx: torch.Tensor | None) -> torch.Tensor | None:
+        return None
+
+    def finish(self, deltas: torch.Tensor, down: dict, cstate: dict, steps: torch.Tensor, lr: float) -> tuple[dict, dict]:
+        """(extra message entries {name: [m, ...]}, new client state) once local training is done."""
+        return {}, cstate
+
+    def server_update(self, state: dict, msgs: Messages, info: RoundInfo) -> dict:
+        return state
+
+
+# --- weighting -------------------------------------------------------------------------------------
+@dataclass
+class DataSizeWeighting:
+    """p_k ∝ n_k over the clients of the round (FedAvg)."""
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        return {}
+
+    def __call__(self, state: dict, info: RoundInfo) -> tuple[torch.Tensor, dict]:
+        return info.sizes, state
+
+
+@dataclass
+class UniformWeighting(DataSizeWeighting):
+    """p_k = 1/m: every participating client counts the same."""
+
+    def __call__(self, state: dict, info: RoundInfo) -> tuple[torch.Tensor, dict]:
+        return torch.ones_like(info.sizes), state
+
+
+# --- rules -----------------------------------------------------------------------------------------
+def weighted_mean(updates: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Σ_k w_k Δ_k / Σ_k w_k over the rows of the [m, d] update matrix."""
+    if weights is None:
+        return updates.mean(0)
+    if (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError("aggregation weights must be non-negative with a positive sum")
+    return (weights / weights.sum()) @ updates
+
+
+# --- server optimisers -----------------------------------------------------------------------------
+@dataclass
+class ServerSGD:
+    """θ ← θ + η_g v with v ← βv + Δ̄ (β = 0: FedAvg; β > 0: FedAvgM, Hsu et al. 2019)."""
+    lr: float = 1.0
+    momentum: float = 0.0
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        return {"v": torch.zeros_like(theta)} if self.momentum else {}
+
+    def step(self, theta: torch.Tensor, update: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        if self.momentum:
+            state = {"v": self.momentum * state["v"] + update}
+            update = state["v"]
+        return theta + self.lr * update, state
+
+
+@dataclass
+class ServerAssign:
+    """θ ← the rule's output itself (for rules that return the new model, e.g. FRL's voted scores, rather
+    than an update to add): exact, no θ + (θ' − θ) rounding."""
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        return {}
+
+    def step(self, theta: torch.Tensor, update: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        return update.to(theta.dtype), state
+
+
+# --- the client update -----------------------------------------------------------------------------
+@dataclass
+class Track:
+    """One stretch of local training inside a client update: which objective, which optimiser, which
+    tensors move, and how many steps (`None`: the run's schedule, E epochs or `local_steps`; an int: that
+    many mini-batch steps, e.g. Ditto's personal steps; `epochs`: that many passes instead, e.g. FedRep's
+    head epochs then body epochs)."""
+    name: str = "w"
+    objective: LocalObjective = field(default_factory=LocalObjective)
+    optimizer: SGD | Adam = field(default_factory=SGD)
+    groups: ParamGroups | None = None   # None: the method's groups
+    steps: int | None = None
+    epochs: int | None = None           # passes over the local data (overrides the run's E / local_steps)
+
+
+class ClientUpdate:
+    """The client side of a round as a pure triple, FedJAX-style, over the batch of the round's clients:
+
+        start(track, θ, down, cstate, done) → W₀ [m, d]           (init: from the broadcast and own state)
+        the engine's local steps on each track (loop or vmap, the same result)
+        finish(done, θ, down, cstate, steps, lr) → (message entries, new cstate)   (final)
+
+    A method whose local training is not a sequence of optimiser steps on the flat parameters may define
+    `local_train(setup, round, jobs, down, cstate) -> (message entries, new cstate, losses [m])` instead;
+    it still gets the engine's batch schedules (`jobs`), store, transforms, rule and evaluation.
+
+    This default is one track "w" from θ: the FedAvg family (objective, client optimiser and parameter
+    groups taken from the `Method`). Kept-local tensors start from the client's stored copy and are
+    stored back; the message is Δ = w − θ on the sent tensors plus the objective's extra entries.
+
+    Two opt-in flags: `trains_at_evaluation = True` makes the engine call `personal(..., setup=, round=)`
+    at every evaluation, also without client state, so it can train every client with the run's kernel
+    (FedAvg-FT, FedBABU); `local_buffers = True` keeps the model's buffers (BatchNorm running statistics)
+    per client in the store entry "buffers" (FedBN) instead of the global ones."""
+    trains_at_evaluation = False
+    local_buffers = False
+
+    def tracks(self, method: "Method") -> list[Track]:
+        return [Track("w", method.objective, method.optimizer, method.groups)]
+
+    def client_state(self, method: "Method", theta: torch.Tensor, groups) -> dict:
+        state = {f"objective.{k}": v for k, v in method.objective.client_state(theta).items()}
+        if groups.local:
+            state["local"] = theta[groups.index("local", theta.device)].clone()
+        return state
+
+    def start(self, track: Track, theta: torch.Tensor, down: dict, cstate: dict, done: dict, groups,
+              m: int) -> torch.Tensor | None:
+        """The rows local training starts from; None means θ for every client (the kernel repeats it)."""
+        if "local" not in cstate:
+            return None
+        W = theta.repeat(m, 1)
+        W[:, groups.index("local", theta.device)] = cstate["local"]
+        return W
+
+    def finish(self, done: dict, theta: torch.Tensor, down: dict, cstate: dict, steps: torch.Tensor, lr: float,
+               method: "Method", groups) -> tuple[dict, dict]:
+        W = done["w"]
+        new = dict(cstate)
+        if groups.local:
+            new["local"] = W[:, groups.index("local", W.device)].clone()
+        deltas = W.sub_(theta)  # in place: one [m, d] buffer, as large rounds need
+        obj_state = {k[len("objective."):]: v for k, v in cstate.items() if k.startswith("objective.")}
+        extra, obj_state = method.objective.finish(deltas, down, obj_state, steps, lr)
+        new.update({f"objective.{k}": v for k, v in obj_state.items()})
+        if not groups.everything_sent:
+            deltas = deltas[:, groups.index("sent", deltas.device)]
+        return {"delta": deltas, **extra}, new
+
+    def personal(self, method: "Method", theta: torch.Tensor, cstate: dict, groups) -> torch.Tensor | None:
+        """Each client's own model [K, d] from the full store batch, or None (the global model is everyone's)."""
+        if not groups.local:
+            return None
+        W = theta.repeat(len(cstate["local"]), 1)
+        W[:, groups.index("local", theta.device)] = cstate["local"].to(theta.device)
+        return W
+
+
+# --- the composition -------------------------------------------------------------------------------
+@dataclass
+class Method:
+    """A federated method = client update (local objective, client optimiser, parameter groups) + uplink
+    transforms + weighting + (normalisation) + rule + server optimiser.
+
+    `normalisation(updates, weights, steps) -> (updates, scale)` rescales updates before the rule and the
+    aggregate after it (FedNova). `rule(updates, weights)` is any function on the [m, d] matrix, e.g. the
+    robust rules in `fedlab_nb.robust.rules`; a rule object with `init_state`/`aggregate` may keep state,
+    and one with `uses_context = True` also gets the round's `RoundInfo` as `info=`."""
+    name: str = "fedavg"
+    objective: LocalObjective = field(default_factory=LocalObjective)
+    weighting: DataSizeWeighting = field(default_factory=DataSizeWeighting)
+    rule: Callable = weighted_mean
+    server_opt: ServerSGD = field(default_factory=ServerSGD)
+    normalisation: Callable | None = None
+    optimizer: SGD | Adam | str | None = None        # client optimiser (None: plain SGD at the run's lr)
+    groups: ParamGroups = field(default_factory=ParamGroups)
+    uplink: tuple = ()                                # Transforms applied to messages, in order
+    client: ClientUpdate = field(default_factory=ClientUpdate)
+    aggregate_key: str = "delta"                      # the message entry weighting/rule/server step act on
+
+    def __post_init__(self):
+        self.optimizer = make_optimizer(self.optimizer)
+        self.uplink = tuple(self.uplink)
+
+    @property
+    def vmappable(self) -> bool:
+        return all(t.objective.vmappable for t in self.client.tracks(self))
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        parts = {"objective": self.objective, "weighting": self.weighting, "server_opt": self.server_opt}
+        if hasattr(self.rule, "init_state"):
+            parts["rule"] = self.rule
+        return {k: p.init_state(theta, num_clients) for k, p in parts.items()}
+
+    def broadcast(self, state: dict, theta: torch.Tensor) -> dict:
+        """What the server sends each sampled client: θ and the objective's shared tensors."""
+        return {"theta": theta, **self.objective.broadcast(state["objective"])}
+
+    def client_state(self, theta: torch.Tensor, groups) -> dict:
+        """Defaults of every per-client store entry (client update's, then each uplink transform's)."""
+        state = self.client.client_state(self, theta, groups)
+        for i, t in enumerate(self.uplink):
+            state.update({f"uplink{i}.{k}": v for k, v in t.client_state(theta).items()})
+        return state
+
+    def aggregate(self, state: dict, deltas, info: RoundInfo) -> tuple[torch.Tensor, dict]:
+        """The server side of a round after local training: Δ's (a tensor or `Messages`) in, the aggregate out."""
+        if isinstance(deltas, Messages):
+            deltas = deltas[self.aggregate_key]
+        weights, state["weighting"] = self.weighting(state["weighting"], info)
+        scale = 1.0
+        if self.normalisation is not None:
+            deltas, scale = self.normalisation(deltas, weights, info.steps)
+        context = {"info": info} if getattr(self.rule, "uses_context", False) else {}
+        if hasattr(self.rule, "aggregate"):
+            agg, state["rule"] = self.rule.aggregate(state["rule"], deltas, weights, **context)
+        else:
+            agg = self.rule(deltas, weights, **context)
+        return scale * agg, state
+
+    def server_step(self, state: dict, theta: torch.Tensor, agg: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        theta, state["server_opt"] = self.server_opt.step(theta, agg, state["server_opt"])
+        return theta, state

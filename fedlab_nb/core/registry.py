@@ -1,0 +1,51 @@
+"""The method registry: each method file registers itself, so adding a method edits no shared file.
+
+    @register("fedprox", claims="baselines", notebook="02_baselines")
+    def fedprox(mu=0.01): ...
+
+`kind="method"` entries are factories of round-based `Method`s (usable by name in `simulate`);
+`kind="module"` entries are analyses or one-shot procedures (AFL's closed form) that still own a claims
+file and a notebook."""
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    factory: Callable
+    module: str          # the library file, e.g. "fedlab_nb.methods.fedprox"
+    claims: str | None   # papers/<claims>.yaml
+    notebook: str | None  # notebooks/<notebook>.ipynb
+    kind: str            # "method" | "module"
+
+
+REGISTRY: dict[str, Entry] = {}
+
+
+def register(key: str, *, claims: str | None = None, notebook: str | None = None, kind: str = "method"):
+    """Decorator: register a method factory (or a module's entry function) under `key`."""
+    if kind not in ("method", "module"):
+        raise ValueError(f"register(kind=...) must be 'method' or 'module', got {kind!r}")
+
+    def wrap(factory: Callable) -> Callable:
+        module = inspect.getmodule(factory).__name__
+        old = REGISTRY.get(key)
+        if old is not None and old.module != module:
+            raise ValueError(f"method key {key!r} is registered twice: by {old.module} and by {module}")
+        REGISTRY[key] = Entry(key, factory, module, claims, notebook, kind)
+        return factory
+    return wrap
+
+
+def lookup(key: str) -> Entry:
+    if key not in REGISTRY:
+        methods = [k for k, e in REGISTRY.items() if e.kind == "method"]
+        close = difflib.get_close_matches(key, methods, n=1)
+        raise ValueError(f"unknown method {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                         + f"; available: {', '.join(sorted(methods))}")
+    return REGISTRY[key]

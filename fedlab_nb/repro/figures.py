@@ -1,0 +1,286 @@
+"""The numbers behind a saved figure, its smoke-scale reference, and the comparison CI makes.
+
+`repro.save_figure(fig, name, data)` writes `<run dir>/<name>.data.json`: a list of series, each
+`{"key", "kind", "values", ...}` taken from `data` when given, else from the matplotlib figure (lines, bars,
+images / heatmaps, scatter offsets). `papers/figures/<paper id>.json` holds the smoke-scale reference;
+`compare_figures` says which series moved beyond the tolerance of papers/SCHEMA.md ("Figures").
+Pixel comparison is not the goal (it breaks across matplotlib versions): the plotted numbers are.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .claims import ReproError
+
+DATA_SUFFIX = ".data.json"
+DEFAULT_TOLERANCE = {"rtol": 0.02, "atol": 1e-3}
+SPREAD_FACTOR = 4.0  # standard errors of the difference of two n-seed means allowed per point
+
+
+class FigureDataError(ReproError, ValueError):
+    """A reference or run figure-data file cannot be read."""
+
+
+# ---------------------------------------------------------------------------------------------- series
+def _numbers(values) -> list:
+    """Flat list of floats, NaN / ±inf / masked as None (JSON has no NaN)."""
+    arr = np.ma.masked_invalid(np.ma.asarray(values, dtype=float)).ravel()
+    return [None if m else float(v) for v, m in zip(arr.data, np.ma.getmaskarray(arr))]
+
+
+def _series(key: str, kind: str, values, label: str | None = None, x=None, **extra) -> dict:
+    values = np.ma.asarray(values, dtype=float)
+    entry = {"key": key, "kind": kind, "label": label, "values": _numbers(values)}
+    if values.ndim > 1:
+        entry["shape"] = list(values.shape)
+    if x is not None:
+        entry["x"] = _numbers(x)
+    entry.update(extra)
+    return entry
+
+
+def _label(artist) -> str | None:
+    label = artist.get_label() if hasattr(artist, "get_label") else None
+    return label if label and not str(label).startswith("_") else None  # '_child3' is matplotlib's default
+
+
+def _key(axes_index: int, kind: str, index: int, label: str | None) -> str:
+    return f"ax{axes_index}/{kind}{index}" + (f":{label}" if label else "")
+
+
+def _unjittered(ax, points) -> np.ndarray:
+    """Scatter offsets with categorical coordinates rounded to their category: seaborn's stripplot jitter
+    is random and not data."""
+    from matplotlib.category import UnitData
+    offsets = np.ma.array(points.get_offsets(), dtype=float)
+    for column, axis in enumerate((ax.xaxis, ax.yaxis)):
+        if isinstance(getattr(axis, "units", None), UnitData) and offsets.ndim == 2 and len(offsets):
+            offsets[:, column] = np.round(offsets[:, column])
+    return offsets
+
+
+def _axes_series(i: int, ax) -> list[dict]:
+    from matplotlib.collections import PathCollection, QuadMesh
+    from matplotlib.container import BarContainer
+    out = []
+    for j, line in enumerate(ax.lines):
+        x, y = line.get_data()
+        out.append(_series(_key(i, "line", j, _label(line)), "line", y, _label(line), x=x))
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    for j, bar in enumerate(bars):
+        horizontal = getattr(bar, "orientation", "vertical") == "horizontal"
+        sizes = [p.get_width() if horizontal else p.get_height() for p in bar.patches]
+        where = [p.get_y() + p.get_height() / 2 if horizontal else p.get_x() + p.get_width() / 2 for p in bar.patches]
+        out.append(_series(_key(i, "bar", j, _label(bar)), "bar", sizes, _label(bar), x=where))
+    for j, image in enumerate(ax.images):
+        out.append(_series(_key(i, "image", j, _label(image)), "image", image.get_array(), _label(image)))
+    scatter = [c for c in ax.collections if isinstance(c, PathCollection)]
+    for j, points in enumerate(scatter):
+        out.append(_series(_key(i, "scatter", j, _label(points)), "scatter", _unjittered(ax, points), _label(points)))
+    meshes = [c for c in ax.collections if isinstance(c, QuadMesh)]  # pcolormesh, seaborn heatmap
+    for j, mesh in enumerate(meshes):
+        out.append(_series(_key(i, "mesh", j, _label(mesh)), "mesh", mesh.get_array(), _label(mesh)))
+    return out
+
+
+def extract_figure_data(figure) -> list[dict]:
+    """Series of every axes of a matplotlib figure, keyed `ax<i>/<kind><j>[:label]` in drawing order.
+    Colorbars are skipped: their gradient is drawn by matplotlib, not data."""
+    axes = [ax for ax in figure.axes if ax.get_label() != "<colorbar>" and not hasattr(ax, "_colorbar")]
+    return [s for i, ax in enumerate(axes) for s in _axes_series(i, ax)]
+
+
+def _data_entry(name: str, value) -> dict:
+    """One `data=` entry: a 1-D sequence, a seeds × points array (-> mean, sd, n), or {mean, sd, n}."""
+    if isinstance(value, dict):
+        unknown = set(value) - {"mean", "sd", "n", "x"}
+        if unknown or "mean" not in value:
+            raise ValueError(f"save_figure(data={{{name!r}: ...}}) takes {{'mean': [...], 'sd': [...], 'n': N, "
+                             f"'x': [...]}} (sd, n, x optional); got keys {sorted(value)}")
+        extra = {"sd": _numbers(value["sd"]), "n": int(value.get("n", 0)) or None} if "sd" in value else {}
+        return _series(name, "data", value["mean"], name, x=value.get("x"), **extra)
+    arr = np.asarray(value, dtype=float)
+    if arr.ndim == 2 and arr.shape[0] >= 2:  # rows are seeds
+        return _series(name, "data", arr.mean(axis=0), name, sd=_numbers(arr.std(axis=0, ddof=1)), n=arr.shape[0])
+    if arr.ndim != 1:
+        raise ValueError(f"save_figure(data={{{name!r}: ...}}) needs a 1-D sequence or a seeds × points array, "
+                         f"got shape {arr.shape}")
+    return _series(name, "data", arr, name)
+
+
+def data_series(data) -> list[dict]:
+    """Series from `save_figure(..., data=...)`: a dict name -> values, or a pandas DataFrame (numeric columns)."""
+    if hasattr(data, "select_dtypes") and hasattr(data, "columns"):  # a DataFrame, without importing pandas
+        data = {str(c): data[c].to_numpy() for c in data.select_dtypes("number").columns}
+    if not isinstance(data, dict) or not data:
+        raise TypeError(f"save_figure(data=...) takes a non-empty dict of name -> numbers or a pandas DataFrame, "
+                        f"got {type(data).__name__}")
+    try:
+        return [_data_entry(str(name), value) for name, value in data.items()]
+    except (TypeError, ValueError) as e:
+        if "save_figure" in str(e):
+            raise
+        raise TypeError(f"save_figure(data=...): values must be numbers ({e})") from None
+
+
+def figure_payload(figure, name: str, data=None) -> dict:
+    source, series = ("data", data_series(data)) if data is not None else ("figure", extract_figure_data(figure))
+    return {"figure": name, "source": source, "series": series}
+
+
+def write_figure_data(folder: Path, name: str, payload: dict) -> Path:
+    from .recording import write_json_atomic
+    path = Path(folder) / f"{name}{DATA_SUFFIX}"
+    write_json_atomic(path, payload)
+    return path
+
+
+def run_figures(run_dir) -> dict:
+    """{figure name: payload} of every `<name>.data.json` in a run folder."""
+    out = {}
+    for path in sorted(Path(run_dir).glob(f"*{DATA_SUFFIX}")):
+        try:
+            out[path.name[:-len(DATA_SUFFIX)]] = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise FigureDataError(f"{path}: not valid JSON ({e}); re-run the notebook") from None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- reference
+def reference_path(paper_id: str, root) -> Path:
+    return Path(root) / "papers" / "figures" / f"{paper_id}.json"
+
+
+def load_reference(paper_id: str, root) -> dict | None:
+    path = reference_path(paper_id, root)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise FigureDataError(f"{path}: not valid JSON ({e}); regenerate it with `fedlab-nb figures update {paper_id}`")
+    if not isinstance(data, dict) or not isinstance(data.get("figures"), dict):
+        raise FigureDataError(f"{path}: no 'figures' mapping; regenerate it with `fedlab-nb figures update {paper_id}`")
+    return data
+
+
+def write_reference(paper_id: str, root, figures: dict, parameters: dict | None = None) -> Path:
+    from .recording import write_json_atomic
+    path = reference_path(paper_id, root)
+    write_json_atomic(path, {"paper": paper_id, "scale": "smoke", "parameters": parameters or {}, "figures": figures})
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- comparison
+def point_tolerance(ref: dict, i: int, ref_value: float, tol: dict) -> float:
+    """atol + rtol·|ref| + SPREAD_FACTOR · sd · √(2/n) (the last term only where the series stores sd and n)."""
+    allowed = tol["atol"] + tol["rtol"] * abs(ref_value)
+    sd, n = ref.get("sd"), ref.get("n")
+    if sd and n and i < len(sd) and sd[i] is not None:
+        allowed += SPREAD_FACTOR * sd[i] * math.sqrt(2 / n)
+    return allowed
+
+
+def _allowed(field: str, ref_series: dict, i: int, ref_value: float, tol: dict) -> float:
+    if field == "values":
+        return point_tolerance(ref_series, i, ref_value, tol)
+    return tol["atol"] + tol["rtol"] * abs(ref_value)  # x positions carry no seed spread
+
+
+def _compare_values(key: str, field: str, new: list, ref: list, ref_series: dict, tol: dict) -> list[str]:
+    """One line for the worst point beyond tolerance (or a length / NaN mismatch), else nothing."""
+    if len(new) != len(ref):
+        return [f"{key}: {field} has {len(new)} points, reference {len(ref)}"]
+    worst = None
+    for i, (a, b) in enumerate(zip(new, ref)):
+        if (a is None) != (b is None):
+            return [f"{key}: {field}[{i}] is {a}, reference {b}"]
+        if a is None:
+            continue
+        allowed = _allowed(field, ref_series, i, b, tol)
+        if abs(a - b) > allowed and (worst is None or abs(a - b) - allowed > worst[0]):
+            worst = (abs(a - b) - allowed, i, a, b, allowed)
+    if worst is None:
+        return []
+    _, i, a, b, allowed = worst
+    return [f"{key}: {field}[{i}] = {a:.6g}, reference {b:.6g} (|Δ| {abs(a - b):.3g} > tolerance {allowed:.3g})"]
+
+
+def compare_series(new: dict, ref: dict, tol: dict) -> list[str]:
+    problems = []
+    if new.get("shape") != ref.get("shape"):
+        problems.append(f"{ref['key']}: shape {new.get('shape')}, reference {ref.get('shape')}")
+    problems += _compare_values(ref["key"], "values", new["values"], ref["values"], ref, tol)
+    if ref.get("x") is not None or new.get("x") is not None:
+        problems += _compare_values(ref["key"], "x", new.get("x") or [], ref.get("x") or [], ref, tol)
+    return problems
+
+
+def compare_figures(new: dict, ref: dict, tolerance: dict | None = None) -> list[str]:
+    """Problems between {figure: payload} mappings (missing / extra figures or series, points out of tolerance)."""
+    tol = {**DEFAULT_TOLERANCE, **(tolerance or {})}
+    problems = [f"figure {name!r}: in the reference, not saved by this run" for name in sorted(set(ref) - set(new))]
+    problems += [f"figure {name!r}: saved by this run, not in the reference" for name in sorted(set(new) - set(ref))]
+    for name in sorted(set(new) & set(ref)):
+        new_series = {s["key"]: s for s in new[name]["series"]}
+        ref_series = {s["key"]: s for s in ref[name]["series"]}
+        problems += [f"figure {name!r}: series {k!r} missing" for k in sorted(set(ref_series) - set(new_series))]
+        problems += [f"figure {name!r}: new series {k!r}" for k in sorted(set(new_series) - set(ref_series))]
+        for key in sorted(set(new_series) & set(ref_series)):
+            problems += [f"figure {name!r}: {p}" for p in compare_series(new_series[key], ref_series[key], tol)]
+    return problems
+
+
+def changes(new: dict, ref: dict | None) -> list[str]:
+    """What regenerating the reference changes, one line per figure / series (exact, not within tolerance)."""
+    if ref is None:
+        return [f"new reference: figure {name!r} with {len(p['series'])} series" for name, p in sorted(new.items())]
+    exact = compare_figures(new, ref, {"rtol": 0.0, "atol": 0.0})
+    lines = [p for p in exact if "in the reference" in p or "not in the reference" in p or "missing" in p
+             or "new series" in p]
+    moved = {p for p in exact if p not in lines}
+    lines += sorted(moved)
+    return lines or ["no change"]
+
+
+def figure_problems(paper, run_dir) -> list[str] | None:
+    """Problems of a run's figure data against papers/figures/<id>.json; None when there is no reference yet."""
+    reference = load_reference(paper.id, paper.root)
+    if reference is None:
+        return None
+    return compare_figures(run_figures(run_dir), reference["figures"], getattr(paper, "figure_tolerance", None))
+
+
+# ---------------------------------------------------------------------------------------------- CLI helpers
+def smoke_run_dir(paper_id: str, root, out_dir, from_dir=None) -> Path:
+    """The run folder whose figure data to use: `from_dir`, else a smoke `reproduce` (re-run when the
+    up-to-date result predates figure data)."""
+    if from_dir is not None:
+        folder = Path(from_dir)
+    else:
+        from .runner import reproduce
+        result = reproduce(paper_id, "smoke", out_dir=out_dir, root=root)
+        if result.get("skipped") and not result.get("figure_data"):
+            result = reproduce(paper_id, "smoke", force=True, out_dir=out_dir, root=root)
+        if result["error"]:
+            e = result["error"]
+            raise ReproError(f"{paper_id}: the smoke run failed in cell {e['cell']}: {e['ename']}: {e['evalue']}")
+        folder = Path(out_dir) / f"{paper_id}-smoke"
+    if not run_figures(folder):
+        raise ReproError(f"{folder}: no *{DATA_SUFFIX} files; the notebook must save its figures with "
+                         "repro.save_figure(fig, ...) while run by fedlab-nb")
+    return folder
+
+
+def update_reference(paper, out_dir, from_dir=None) -> tuple[Path, list[str]]:
+    """Regenerate papers/figures/<id>.json from a smoke run; returns (path, what changed)."""
+    folder = smoke_run_dir(paper.id, paper.root, out_dir, from_dir)
+    new = run_figures(folder)
+    old = load_reference(paper.id, paper.root)
+    lines = changes(new, None if old is None else old["figures"])
+    parameters = dict(paper.scales["smoke"]["parameters"])
+    return write_reference(paper.id, paper.root, new, parameters), lines
