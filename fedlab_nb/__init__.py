@@ -17,6 +17,7 @@ from .core.history import History
 from .data import FederatedDataset, federate, list_datasets, load_dataset
 from .utils import resolve_device
 
+_SUBMODULES = {"api", "cli", "core", "engine", "flower", "repro", "robust", "utils", "viz", "widgets"}
 _LAZY = {"simulate": "api", "methods": None, "Method": "methods", "get_method": "methods", "run": "api",
          "NonFiniteUpdateError": "engine"}
 
@@ -24,6 +25,8 @@ _LAZY = {"simulate": "api", "methods": None, "Method": "methods", "get_method": 
 def __getattr__(name):
     """Load the method layer (and the engine) on first use of a name that needs it."""
     import importlib
+    if name in _SUBMODULES:  # fl.engine, fl.viz ...: a submodule on first use
+        return importlib.import_module(f"{__name__}.{name}")
     if name not in _LAZY:
         raise AttributeError(f"module 'fedlab_nb' has no attribute {name!r}")
     module = importlib.import_module(f"{__name__}.{_LAZY[name] or name}")
