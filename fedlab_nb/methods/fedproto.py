@@ -114,7 +114,7 @@ class FedProtoClient(ClientUpdate):
         return cstate["model"]
 
 
-@register("fedproto")
+@register("fedproto", claims="personalisation_more", notebook="personalisation_more")
 def fedproto(lam: float = 1.0) -> Method:
     if lam < 0:
         raise ValueError(f"FedProto's lam (λ) must be >= 0, got {lam}")
