@@ -6,14 +6,14 @@ round info and jobs (`round`), the parts and the `Method` composition (`method`)
 from .groups import ParamGroups, ResolvedGroups
 from .history import History
 from .messages import Messages, Transform, TransformContext, dense_bytes, encode
-from .method import (ClientUpdate, DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerAssign, ServerSGD, Track,
-                     UniformWeighting, weighted_mean)
+from .method import (ClientUpdate, DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerAssign, ServerKeep,
+                     ServerSGD, Track, UniformWeighting, weighted_mean)
 from .optim import SGD, Adam, make_optimizer
 from .registry import REGISTRY, register
 from .round import LocalJob, batch_schedule
 from .streams import STREAMS, register_stream
 
 __all__ = ["ParamGroups", "ResolvedGroups", "History", "Messages", "Transform", "TransformContext", "dense_bytes",
-           "encode", "ClientUpdate", "DataSizeWeighting", "LocalObjective", "Method", "RoundInfo", "ServerAssign", "ServerSGD", "Track",
+           "encode", "ClientUpdate", "DataSizeWeighting", "LocalObjective", "Method", "RoundInfo", "ServerAssign", "ServerKeep", "ServerSGD", "Track",
            "UniformWeighting", "weighted_mean", "SGD", "Adam", "make_optimizer", "REGISTRY", "register", "LocalJob",
            "batch_schedule", "STREAMS", "register_stream"]

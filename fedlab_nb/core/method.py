@@ -135,6 +135,17 @@ class ServerAssign:
         return update.to(theta.dtype), state
 
 
+@dataclass
+class ServerKeep:
+    """θ stays where it is (methods that share no weights: Local-only, FedProto)."""
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        return {}
+
+    def step(self, theta: torch.Tensor, update: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        return theta, state
+
+
 # --- the client update -----------------------------------------------------------------------------
 @dataclass
 class Track:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, RoundInfo, weighted_mean
+from ..core.method import (ClientUpdate, DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerKeep,
+                           weighted_mean)
 from ..core.registry import register
 from ..models import param_spec, representation, unflatten
 
@@ -74,17 +75,6 @@ class GlobalPrototypes(LocalObjective):
 
 
 @dataclass
-class KeepGlobal:
-    """A server step that leaves θ as it is (FedProto shares no weights)."""
-
-    def init_state(self, theta, num_clients):
-        return {}
-
-    def step(self, theta, update, state):
-        return theta, state
-
-
-@dataclass
 class FedProtoClient(ClientUpdate):
     lam: float = 1.0
 
@@ -118,5 +108,5 @@ class FedProtoClient(ClientUpdate):
 def fedproto(lam: float = 1.0) -> Method:
     if lam < 0:
         raise ValueError(f"FedProto's lam (λ) must be >= 0, got {lam}")
-    return Method("fedproto", GlobalPrototypes(), DataSizeWeighting(), weighted_mean, KeepGlobal(),
+    return Method("fedproto", GlobalPrototypes(), DataSizeWeighting(), weighted_mean, ServerKeep(),
                   client=FedProtoClient(float(lam)), aggregate_key="counts")

@@ -7,26 +7,14 @@ its own test split (a never-sampled client is scored with θ₀). No paper: the 
 (e.g. the "Local" rows of Collins et al., ICML 2021, and of Li et al.'s Ditto, ICML 2021)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..core.groups import ParamGroups
+from ..core.method import ServerKeep
 from ..core.registry import register
 from .base import DataSizeWeighting, LocalObjective, Method, weighted_mean
-
-
-@dataclass
-class KeepServer:
-    """A server optimiser that leaves θ where it is (nothing was sent)."""
-
-    def init_state(self, theta, num_clients):
-        return {}
-
-    def step(self, theta, update, state):
-        return theta, state
 
 
 @register("local_only", claims="personalisation_baselines", notebook="personalisation_baselines")
 def local_only() -> Method:
     """Every tensor kept local (`ParamGroups(local=["*"])`): trained from the stored copy, stored back, never sent."""
-    return Method("local_only", LocalObjective(), DataSizeWeighting(), weighted_mean, KeepServer(),
+    return Method("local_only", LocalObjective(), DataSizeWeighting(), weighted_mean, ServerKeep(),
                   groups=ParamGroups(local=("*",)))
