@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..core.messages import Messages, dense_bytes
-from ..core.method import Method, RoundInfo
+from ..core.method import ClientUpdate, Method, RoundInfo
 from ..core.streams import ATTACK, BATCHES, SAMPLE, STRAGGLE, TRANSFORM
 from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
@@ -186,7 +186,11 @@ def personal_models(s: RoundSetup, r: int, theta: torch.Tensor, store: ClientSto
     """(personal models [K, d] or None, per-client buffers [K, b] or None) for evaluation after round r.
     `ClientUpdate.personal` gets the round setup and the round when it `trains_at_evaluation` (FedAvg-FT),
     and, if it takes `down=`, what the server broadcasts (θ and the objective's tensors: IFCA's k models)."""
-    cu, full = s.method.client, store.all(theta.device) if store else {}
+    cu = s.method.client
+    plain = type(cu).personal is ClientUpdate.personal and not s.groups.local  # the global model is everyone's
+    if plain and "buffers" not in store.defaults and not getattr(cu, "trains_at_evaluation", False):
+        return None, None  # no copy of the whole store (SCAFFOLD's K × d variates) just to find nothing personal
+    full = store.all(theta.device) if store else {}
     if getattr(cu, "trains_at_evaluation", False):
         extra = {"down": s.method.broadcast(state, theta)} if "down" in inspect.signature(cu.personal).parameters else {}
         personal = cu.personal(s.method, theta, full, s.groups, setup=s, round=r, **extra)
