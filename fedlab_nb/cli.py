@@ -84,6 +84,7 @@ def _registry() -> dict:
     """The method registry with every method module loaded (and the Flower adapter when flwr is installed)."""
     import importlib
     import fedlab_nb.methods  # noqa: F401  (each method file registers itself)
+    import fedlab_nb.privacy  # noqa: F401  (privacy defences and attacks register themselves too)
     from fedlab_nb.core.registry import REGISTRY
     try:
         importlib.import_module("fedlab_nb.flower")

@@ -171,11 +171,12 @@ class MethodStrategy(Strategy):
                             ids, torch.tensor([int(m["bytes-up"]) for m in metrics]))
             info = RoundInfo(server_round - 1, ids, torch.tensor([float(m["num-examples"]) for m in metrics], device=dev),
                              torch.tensor([float(m["steps"]) for m in metrics], device=dev), self.s.num_clients,
-                             self.s.cfg.lr, self.theta, msgs)
+                             self.s.cfg.lr, self.theta, msgs, self.s.cfg.seed)
             losses = torch.tensor([float(m["train-loss"]) for m in metrics], device=dev)
             row.update(bytes_up=int(msgs.bytes.sum()), bytes_down=len(self.sampled) * dense_bytes(self.down))
             self.theta, self.state, row["train_loss"] = server_update(self.s.method, self.state, self.theta, info, msgs,
                                                                       losses, self.s.cfg.on_nonfinite, self.s.round.groups)
+            row.update(self.s.method.round_metrics(self.state))
         self.rows.append(row)
         return ArrayRecord({"theta": _to_array(self.theta)}), MetricRecord({"train_loss": row["train_loss"]})
 
@@ -254,7 +255,7 @@ def _client_app(setup: _Setup) -> ClientApp:
         cstate = store.gather([0], dev)
         entries, cstate, losses, jobs = client_round(setup.round, r, np.array([k]), down, cstate)
         msgs, cstate = uplink(setup.round, r, Messages(entries, np.array([k])), cstate,
-                              torch.zeros(1, dtype=torch.bool), None, down["theta"])
+                              torch.zeros(1, dtype=torch.bool), None, down["theta"], down)
         if cstate:
             context.state[STATE_KEY] = ArrayRecord({n: _to_array(t[0]) for n, t in cstate.items()})
         return Message(RecordDict({

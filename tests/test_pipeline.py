@@ -48,6 +48,7 @@ def test_every_claims_file_has_a_registered_method_and_back():
     pytest.importorskip("flwr")
     import fedlab_nb.flower  # noqa: F401  (registers the Flower adapter)
     import fedlab_nb.methods  # noqa: F401
+    import fedlab_nb.privacy  # noqa: F401
     import fedlab_nb.data  # noqa: F401
     claims = {p.stem for p in (ROOT / "papers").glob("*.yaml")}
     registered = {e.claims for e in REGISTRY.values() if e.claims}
@@ -279,3 +280,40 @@ def test_model_outputs_must_match_classes(digits_fed, outputs):
     model = torch.nn.Linear(64, outputs)
     with pytest.raises(ValueError, match=f"outputs but the data set has 10 classes"):
         fl.simulate("fedavg", digits_fed, model=model, rounds=1, progress=False)
+
+
+# --- server-side parts that broadcast, draw keyed randomness and report per-round metrics --------------
+def test_rule_broadcast_reaches_transforms_and_metrics_reach_history():
+    from fedlab_nb.core.messages import Transform
+    from fedlab_nb.core.method import Method, weighted_mean
+    seen, draws = [], []
+
+    class CountingRule:  # a stateful rule: broadcasts a clip norm, draws keyed noise, reports a column
+        def init_state(self, theta, num_clients):
+            return {"n": 0, "clip": torch.tensor([2.0])}
+
+        def broadcast(self, state):
+            return {"clip_norm": state["clip"]}
+
+        def aggregate(self, state, deltas, weights, info):
+            draws.append(float(torch.rand(1, generator=info.generator(99))))
+            return weighted_mean(deltas, weights), {**state, "n": state["n"] + 1}
+        uses_context = True
+
+        def metrics(self, state):
+            return {"rule_rounds": float(state["n"])}
+
+    class ReadsDown(Transform):
+        def __call__(self, msgs, cstate, ctx):
+            seen.append(float(ctx.down["clip_norm"]))
+            return msgs, cstate
+
+    fed = fl.federate("digits", "iid", n_clients=4, seed=0)
+    h = fl.simulate(Method("probe", rule=CountingRule(), uplink=(ReadsDown(),)), fed, "logreg", rounds=3,
+                    progress=False, seed=5)
+    assert seen == [2.0, 2.0, 2.0]
+    assert h["rule_rounds"].tolist() == [1.0, 2.0, 3.0]
+    first = list(draws)
+    fl.simulate(Method("probe", rule=CountingRule(), uplink=(ReadsDown(),)), fed, "logreg", rounds=3,
+                progress=False, seed=5)
+    assert draws[3:] == first and len(set(first)) == 3  # keyed by (seed, stream, round): repeatable, per round

@@ -66,9 +66,11 @@ class Transform:
 
 @dataclass
 class TransformContext:
-    """What a transform may use: the round, its clients, the Byzantine mask of those clients, a generator."""
+    """What a transform may use: the round, its clients, the Byzantine mask of those clients, a generator,
+    and what the server broadcast this round (`down`: θ and e.g. an adaptive clip norm)."""
     round: int
     client_ids: np.ndarray
     byzantine: torch.Tensor       # bool [m]
     generator: torch.Generator
     theta: torch.Tensor
+    down: dict = field(default_factory=dict)

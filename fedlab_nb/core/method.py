@@ -31,6 +31,12 @@ class RoundInfo:
     lr: float                       # client step size η
     theta: torch.Tensor | None = None     # the broadcast global parameters
     messages: Messages | None = None      # every entry the clients sent (rankings, variates, statistics ...)
+    seed: int = 0                         # the run's seed: server-side draws use rng(seed, stream, round) (DP noise)
+
+    def generator(self, stream: int) -> torch.Generator:
+        """A torch generator keyed by (seed, stream, round): server randomness that a resumed run repeats."""
+        from ..utils import rng
+        return torch.Generator(device="cpu").manual_seed(int(rng(self.seed, stream, self.round).integers(2**62)))
 
 
 # --- local objectives ------------------------------------------------------------------------------
@@ -233,7 +239,10 @@ class Method:
     `normalisation(updates, weights, steps) -> (updates, scale)` rescales updates before the rule and the
     aggregate after it (FedNova). `rule(updates, weights)` is any function on the [m, d] matrix, e.g. the
     robust rules in `fedlab_nb.robust.rules`; a rule object with `init_state`/`aggregate` may keep state,
-    and one with `uses_context = True` also gets the round's `RoundInfo` as `info=`."""
+    and one with `uses_context = True` also gets the round's `RoundInfo` as `info=`. A stateful rule may
+    also `broadcast(rule_state) -> {name: tensor}` (sent to every client with θ, e.g. an adaptive clip norm
+    the uplink transforms read from `ctx.down`). Any part with `metrics(part_state) -> {column: float}`
+    (an accountant's ε) adds columns to the round's History row."""
     name: str = "fedavg"
     objective: LocalObjective = field(default_factory=LocalObjective)
     weighting: DataSizeWeighting = field(default_factory=DataSizeWeighting)
@@ -261,8 +270,20 @@ class Method:
         return {k: p.init_state(theta, num_clients) for k, p in parts.items()}
 
     def broadcast(self, state: dict, theta: torch.Tensor) -> dict:
-        """What the server sends each sampled client: θ and the objective's shared tensors."""
-        return {"theta": theta, **self.objective.broadcast(state["objective"])}
+        """What the server sends each sampled client: θ, the objective's and a stateful rule's shared tensors."""
+        down = {"theta": theta, **self.objective.broadcast(state["objective"])}
+        if hasattr(self.rule, "broadcast") and "rule" in state:
+            down.update(self.rule.broadcast(state["rule"]))
+        return down
+
+    def round_metrics(self, state: dict) -> dict:
+        """Extra History columns after a round: every part's `metrics(its state)` (e.g. DP's epsilon)."""
+        parts = {"objective": self.objective, "weighting": self.weighting, "rule": self.rule, "server_opt": self.server_opt}
+        out = {}
+        for name, part in parts.items():
+            if hasattr(part, "metrics") and name in state:
+                out.update(part.metrics(state[name]))
+        return out
 
     def client_state(self, theta: torch.Tensor, groups) -> dict:
         """Defaults of every per-client store entry (client update's, then each uplink transform's)."""

@@ -202,7 +202,7 @@ def personal_models(s: RoundSetup, r: int, theta: torch.Tensor, store: ClientSto
     return personal, buffers
 
 
-def uplink(s: RoundSetup, r: int, msgs: Messages, cstate: dict, byz: torch.Tensor, attack, theta) -> tuple:
+def uplink(s: RoundSetup, r: int, msgs: Messages, cstate: dict, byz: torch.Tensor, attack, theta, down=None) -> tuple:
     """The method's uplink transforms in order, then the attack on the Byzantine clients' messages (the one
     place attacks happen). Returns (messages, new client state)."""
     from ..core.messages import TransformContext
@@ -210,7 +210,7 @@ def uplink(s: RoundSetup, r: int, msgs: Messages, cstate: dict, byz: torch.Tenso
         prefix = f"uplink{i}."
         own = {k[len(prefix):]: v for k, v in cstate.items() if k.startswith(prefix)}
         g = torch.Generator(device="cpu").manual_seed(int(rng(s.cfg.seed, TRANSFORM, r, i).integers(2**62)))
-        msgs, own = transform(msgs, own, TransformContext(r, msgs.client_ids, byz, g, theta))
+        msgs, own = transform(msgs, own, TransformContext(r, msgs.client_ids, byz, g, theta, down or {"theta": theta}))
         cstate = {**cstate, **{prefix + k: v for k, v in own.items()}}
     if attack is not None and byz.any():
         gen = torch.Generator(device="cpu").manual_seed(int(rng(s.cfg.seed, ATTACK, r).integers(2**62)))
@@ -227,16 +227,16 @@ def run_round(s: RoundSetup, state: dict, theta: torch.Tensor, store: ClientStor
     entries, cstate, losses, jobs = client_round(s, r, ids, down, cstate)
     msgs = Messages(entries, np.asarray(ids))
     byz = byz_all[torch.as_tensor(np.asarray(ids), device=byz_all.device)].to(dev)
-    msgs, cstate = uplink(s, r, msgs, cstate, byz, attack, theta)
+    msgs, cstate = uplink(s, r, msgs, cstate, byz, attack, theta, down)
     if cstate:
         store.scatter(ids, cstate)
     fdt = theta.dtype if theta.is_floating_point() else None  # float64 runs weight in float64
     sizes = torch.tensor([float(len(j.y)) for j in jobs], device=dev, dtype=fdt)
     steps = torch.tensor([float(len(j.batches)) for j in jobs], device=dev, dtype=fdt)
-    info = RoundInfo(r, np.asarray(ids), sizes, steps, s.fed.num_clients, s.cfg.lr, theta, msgs)
+    info = RoundInfo(r, np.asarray(ids), sizes, steps, s.fed.num_clients, s.cfg.lr, theta, msgs, s.cfg.seed)
     wire = {"bytes_up": int(msgs.wire_bytes().sum()), "bytes_down": len(ids) * dense_bytes(down)}
     theta, state, loss = server_update(s.method, state, theta, info, msgs, losses, s.cfg.on_nonfinite, s.groups)
-    return theta, state, {"train_loss": loss, **wire}
+    return theta, state, {"train_loss": loss, **wire, **s.method.round_metrics(state)}
 
 
 def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundInfo, msgs, losses: torch.Tensor,
