@@ -14,6 +14,7 @@ import argparse
 import os
 import re
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -49,10 +50,14 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("papers", nargs="*")
     rep.add_argument("--all", action="store_true", help="every papers/*.yaml")
     rep.add_argument("--force", action="store_true", help="re-run even if the result is up to date")
+    rep.add_argument("-j", "--jobs", type=int, default=None,
+                     help="notebooks to run at once (default: one per core, each kernel on one thread)")
     for p in (run, rep):
         p.add_argument("--scale", default="smoke", help="a scale of the claims file (default: smoke)")
         p.add_argument("--device", type=_device, help="override the notebook's device parameter (cpu, cuda, auto)")
     command("report", "results/REPORT.md and results/index.html from all results")
+    hist = command("history", "summarise a saved run (History.save's CSV): final accuracy, bytes, (epsilon, delta)")
+    hist.add_argument("path", help="the .csv written by History.save (its .json beside it holds the run's settings)")
     figs = command("figures", "compare a smoke run's figure data with papers/figures/ID.json, or regenerate it")
     figs.add_argument("action", choices=["check", "update"], help="check: compare; update: rewrite the reference")
     figs.add_argument("paper")
@@ -164,8 +169,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from tqdm import tqdm
-    from fedlab_nb.repro.runner import mismatches, reproduce
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
     root = _root(args)
     if args.all == bool(args.papers):
         raise UsageError("give paper ids or --all (not both)")
@@ -175,47 +180,73 @@ def cmd_reproduce(args) -> int:
     if not args.all:  # fail fast on a typo before running anything
         for pid in ids:
             C.claims_path(pid, root)
-    status, failed = 0, []
-    for pid in tqdm(ids, desc="papers", unit="paper", file=sys.stderr, disable=len(ids) < 2):
-        try:  # an invalid claims file or a bad parameter: report it, go on with the others
-            missing = C.missing_requirements(C.load_paper(pid, root)) if args.all else []
-            if missing:  # an optional extra is not installed: not a failure of the reproduction
-                tqdm.write(f"{pid} ({args.scale}): SKIPPED — needs {', '.join(missing)} "
-                           f"(e.g. pip install -e '.[{'flower' if 'flwr' in missing else 'dev'}]')")
-                continue
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", StaleResultWarning)
-                r = reproduce(pid, args.scale, args.force, device=args.device, out_dir=_results(args, root),
-                              root=root)
-            _show_warnings(caught)
-        except C.ReproError as e:
-            tqdm.write(f"{pid}: error: {e}", file=sys.stderr)
-            status, failed = max(status, e.exit_code), failed + [pid]
-            continue
-        state = "up to date" if r.get("skipped") else f"{r['wall_seconds']} s"
-        tqdm.write(f"{pid} ({args.scale}): {r['verdict'].upper()}  [{state}]")
-        if r["error"]:
-            e = r["error"]
-            tqdm.write(f"  notebook failed in cell {e['cell']}: {e['ename']}: {e['evalue']}", file=sys.stderr)
-            status = max(status, 1)
-        for c in r["claims"]:
-            tqdm.write(f"  {c['id']}: {c['verdict']}" + (f" ({c['reason']})" if c.get("reason") else ""))
-        if args.scale == "smoke" and not r["error"]:  # stored verdicts are smoke-scale verdicts
-            for line in mismatches(r):
-                tqdm.write(f"  MISMATCH {line}", file=sys.stderr)
-                status = max(status, 1)
+    jobs = args.jobs if args.jobs is not None else min(len(ids), len(os.sched_getaffinity(0)))
+    if jobs < 1:
+        raise UsageError(f"-j/--jobs must be >= 1 (notebooks run at once), got {args.jobs}")
+    opts = {"scale": args.scale, "force": args.force, "device": args.device, "out_dir": str(_results(args, root)),
+            "root": str(root), "all": args.all}
+    status, failed, t0 = 0, [], time.perf_counter()
+    if jobs == 1:
+        done = (_reproduce_paper(pid, opts) for pid in ids)
+    else:  # each notebook's kernel is its own process; a worker process per notebook keeps their environments apart
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # the kernels inherit it: one thread each, cores not oversubscribed
+        pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
+        done = (f.result() for f in as_completed([pool.submit(_reproduce_paper, pid, opts) for pid in ids]))
+    for n, (pid, code, out, err) in enumerate(done, 1):
+        prefix = f"[{n}/{len(ids)}] " if len(ids) > 1 else ""
+        print(prefix + "\n".join(out), flush=True) if out else None
+        print("\n".join(err), file=sys.stderr, flush=True) if err else None
+        status = max(status, code)
+        failed += [pid] if code else []
+    if jobs > 1:
+        pool.shutdown()
+    if len(ids) > 1:
+        print(f"{len(ids)} notebooks in {time.perf_counter() - t0:.0f} s ({jobs} at a time)", file=sys.stderr)
     if failed and len(ids) > 1:
         print(f"{len(failed)} of {len(ids)} papers could not be reproduced: {', '.join(failed)}", file=sys.stderr)
     return status
 
 
-def _show_warnings(caught) -> None:
+def _reproduce_paper(pid: str, opts: dict) -> tuple:
+    """Reproduce one paper; returns (id, exit status, stdout lines, stderr lines) so that parallel runs print
+    each notebook's lines together, as it finishes."""
+    from fedlab_nb.repro.runner import mismatches, reproduce
+    root, scale, out, err = Path(opts["root"]), opts["scale"], [], []
+    try:  # an invalid claims file or a bad parameter: report it, go on with the others
+        missing = C.missing_requirements(C.load_paper(pid, root)) if opts["all"] else []
+        if missing:  # an optional extra is not installed: not a failure of the reproduction
+            return pid, 0, [f"{pid} ({scale}): SKIPPED — needs {', '.join(missing)} "
+                            f"(e.g. pip install -e '.[{'flower' if 'flwr' in missing else 'dev'}]')"], []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", StaleResultWarning)
+            r = reproduce(pid, scale, opts["force"], device=opts["device"], out_dir=opts["out_dir"], root=root)
+        err += _warning_lines(caught)
+    except C.ReproError as e:
+        return pid, e.exit_code, [], [f"{pid}: error: {e}"]
+    state = "up to date" if r.get("skipped") else f"{r['wall_seconds']} s"
+    code = 0
+    out.append(f"{pid} ({scale}): {r['verdict'].upper()}  [{state}]")
+    if r["error"]:
+        e = r["error"]
+        err.append(f"  notebook failed in cell {e['cell']}: {e['ename']}: {e['evalue']}")
+        code = 1
+    out += [f"  {c['id']}: {c['verdict']}" + (f" ({c['reason']})" if c.get("reason") else "") for c in r["claims"]]
+    if scale == "smoke" and not r["error"]:  # stored verdicts are smoke-scale verdicts
+        wrong = mismatches(r)
+        err += [f"  MISMATCH {line}" for line in wrong]
+        code = max(code, 1 if wrong else 0)
+    return pid, code, out, err
+
+
+def _warning_lines(caught) -> list:
     """Stale-result warnings as one line each; any other warning goes on as usual."""
+    lines = []
     for w in caught:
         if issubclass(w.category, StaleResultWarning):
-            print(f"warning: {w.message}", file=sys.stderr)
+            lines.append(f"warning: {w.message}")
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return lines
 
 
 def cmd_report(args) -> int:
@@ -223,6 +254,19 @@ def cmd_report(args) -> int:
     results = _results(args, _root(args))
     print(build_report(results))
     print(f"wrote {results / 'REPORT.md'} and {results / 'index.html'}", file=sys.stderr)
+    return 0
+
+
+def cmd_history(args) -> int:
+    from fedlab_nb.core.history import History
+    path = Path(args.path)
+    if path.suffix != ".csv" or not path.is_file():
+        raise UsageError(f"{path} is not a History CSV file; give the path History.save(...) wrote (e.g. runs/dp.csv)")
+    try:
+        hist = History.load(path)
+    except (ValueError, OSError) as e:  # pandas' parse errors are ValueErrors; a bad .json beside it too
+        raise UsageError(f"cannot read {path} as a History: {e}") from None
+    print(hist.summary())
     return 0
 
 
@@ -274,7 +318,7 @@ class UsageError(C.ReproError):
 
 
 COMMANDS = {"list": cmd_list, "run": cmd_run, "reproduce": cmd_reproduce, "report": cmd_report, "data": cmd_data,
-            "figures": cmd_figures}
+            "figures": cmd_figures, "history": cmd_history}
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: unit tests, notebook claims (papermill, via `fedlab-nb reproduce`), nbval on every notebook.
+# The whole test suite: unit tests, and every notebook executed once by nbval, whose run also judges the
+# notebook's claims and figure data (conftest.py); notebooks without nbval go through papermill (tests/test_notebook_claims.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # one pytest worker per core (counted before OMP_NUM_THREADS is set: GNU nproc obeys it), one thread each

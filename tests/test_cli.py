@@ -157,3 +157,33 @@ def test_reproduce_all_skips_papers_whose_extra_is_missing(repo, capsys):
     assert main(args + ["reproduce", "--all"]) == 0  # a missing optional extra is not a failed reproduction
     assert "needs_extra (smoke): SKIPPED — needs no_such_module_for_fedlab_nb" in capsys.readouterr().out
     assert not (results / "needs_extra-smoke.json").exists()
+
+
+@pytest.mark.notebook
+def test_reproduce_in_parallel_gives_the_serial_verdicts(repo, capsys):
+    root, args, results = repo
+    add_paper(root, "tiny2", lambda d: None)
+    assert main(args + ["reproduce", "--all", "-j", "1"]) == 0
+    serial = {p: json.loads((results / f"{p}-smoke.json").read_text()) for p in ("tiny", "tiny2")}
+    capsys.readouterr()
+    assert main(args + ["reproduce", "--all", "--force", "-j", "2"]) == 0
+    captured = capsys.readouterr()
+    for p in ("tiny", "tiny2"):
+        parallel = json.loads((results / f"{p}-smoke.json").read_text())
+        assert [c["verdict"] for c in parallel["claims"]] == [c["verdict"] for c in serial[p]["claims"]]
+        assert f"{p} (smoke): PARTIALLY REPRODUCED" in captured.out
+    assert "2 notebooks in" in captured.err and "(2 at a time)" in captured.err
+    assert main(args + ["reproduce", "--all", "-j", "0"]) == 2
+    assert "-j/--jobs must be >= 1" in capsys.readouterr().err
+
+
+def test_history_shows_final_accuracy_and_privacy(tmp_path, capsys):
+    from fedlab_nb.core.history import History
+    rows = [{"round": r, "n_sampled": 3, "train_loss": 1.0, "test_acc": 0.5 + r / 10, "bytes_up": 10, "bytes_down": 20,
+             "epsilon": 0.4 * r, "dp_delta": 1e-5} for r in (1, 2)]
+    History.from_rows(rows, {"method": "dp_fedavg", "dataset": "digits", "seed": 0}).save(tmp_path / "dp.csv")
+    assert main(["history", str(tmp_path / "dp.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "final test_acc = 0.7000" in out and "privacy: (epsilon = 0.8, delta = 1e-05) after 2 rounds" in out
+    assert main(["history", str(tmp_path / "dp.json")]) == 2
+    assert "is not a History CSV file" in capsys.readouterr().err

@@ -2,6 +2,9 @@
 --scale smoke`) and require each claim's verdict to equal the verdict stored in the claims file, and its
 figure data to stay within tolerance of papers/figures/<id>.json (skipped until that reference exists).
 
+When nbval runs the notebooks in the same session (scripts/test.sh), each notebook executes once: the root
+conftest.py judges its claims from nbval's execution (`<notebook>::claims`) and deselects its tests here.
+
 Papers come from the repository (or $FEDLAB_NB_ROOT). Results go to a temporary folder, or to
 $FEDLAB_NB_RESULTS when set (then up-to-date results are reused).
 """

@@ -34,6 +34,28 @@ class History(pd.DataFrame):
             raise ValueError(f"no evaluated value of {metric!r} in this History")
         return float(vals.iloc[-1])
 
+    def privacy(self) -> tuple[float, float] | None:
+        """The final (ε, δ) of a differentially private run (columns `epsilon`, `dp_delta`), else None."""
+        if "epsilon" not in self.columns or self["epsilon"].dropna().empty:
+            return None
+        delta = self.final("dp_delta") if "dp_delta" in self.columns and not self["dp_delta"].dropna().empty else float("nan")
+        return self.final("epsilon"), delta
+
+    def summary(self) -> str:
+        """A few lines: what ran, the final accuracy, the bytes sent, and (ε, δ) for a private run."""
+        meta = getattr(self, "meta", {}) or {}
+        lines = [f"{meta.get('method', '?')} on {meta.get('dataset', '?')} ({meta.get('partition', '?')}, "
+                 f"{meta.get('clients', '?')} clients): {len(self)} rounds, seed {meta.get('seed', '?')}"]
+        for col in ("test_acc", "client_acc_mean", "personal_acc_mean"):
+            if col in self.columns and not self[col].dropna().empty:
+                lines.append(f"  final {col} = {self.final(col):.4f}")
+        if "bytes_up" in self.columns:
+            lines.append(f"  bytes up {int(self['bytes_up'].sum()):,}, down {int(self['bytes_down'].sum()):,}")
+        priv = self.privacy()
+        if priv is not None:
+            lines.append(f"  privacy: (epsilon = {priv[0]:.3g}, delta = {priv[1]:.3g}) after {len(self)} rounds")
+        return "\n".join(lines)
+
     def save(self, path: str | Path) -> Path:
         """CSV of the rows plus a `.json` beside it holding `meta`."""
         path = Path(path)

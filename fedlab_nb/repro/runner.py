@@ -231,7 +231,14 @@ def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, paramete
             return {**old, "skipped": True}
 
     run = _execute(paper, scale, params, out_dir)
-    rows = []
+    return judge_run(paper, scale, params, defaults, run, out_dir, digest)
+
+
+def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict, out_dir: Path, digest: str) -> dict:
+    """Claim verdicts from what one execution recorded (`run`: notebook or None, run_dir, metrics, error,
+    wall_seconds); writes results/<id>-<scale>.json and returns it. Shared by `reproduce` (papermill) and the
+    test suite's single nbval execution of each notebook."""
+    rows, root, path = [], paper.root, result_path(paper.id, scale, out_dir)
     for claim in paper.claims:
         summary = None
         if run["error"]:
@@ -247,7 +254,7 @@ def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, paramete
         "paper": paper.id, "method": paper.method, "title": paper.paper.get("title"), "scale": scale,
         "verdict": ERROR if run["error"] else paper_verdict([r["verdict"] for r in rows]),
         "claims": rows, "metrics": run["metrics"], "error": run["error"],
-        "notebook": os.path.relpath(run["notebook"], out_dir),
+        "notebook": os.path.relpath(run["notebook"], out_dir) if run.get("notebook") else None,
         "figures": sorted(os.path.relpath(p, out_dir) for p in run_dir.glob("*.png")),
         "figure_data": sorted(os.path.relpath(p, out_dir) for p in run_dir.glob("*.data.json")),
         "parameters": params,
@@ -256,7 +263,7 @@ def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, paramete
         "versions": _versions(), "git_commit": _git_commit(root),
         "wall_seconds": run["wall_seconds"], "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "hash": digest,
-        "outputs": _output_digests(out_dir, [run["notebook"], *run_dir.iterdir()]),
+        "outputs": _output_digests(out_dir, [*([run["notebook"]] if run.get("notebook") else []), *run_dir.iterdir()]),
     }
     result = json.loads(json.dumps(result, default=str))  # e.g. a tuple parameter -> list
     write_json_atomic(path, result)
