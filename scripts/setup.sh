@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment in .venv. Idempotent: re-running is cheap.
-# Usage: bash scripts/setup.sh [extras]   e.g. bash scripts/setup.sh dev,flower
+# Usage: bash scripts/setup.sh [extras]   e.g. bash scripts/setup.sh dev,flower,notebooks,browser
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"
@@ -14,3 +14,9 @@ py="${PYTHON:-python3}"
 if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 || echo "note: dataset-fashion-mnist not installed"
 fi
+# The browser test drives Debian's chromium (Playwright's Python package; never a downloaded browser).
+if [[ ",$extras," == *",browser,"* ]] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "note: chromium not installed; the browser test will skip"
+fi
+[[ ",$extras," == *",notebooks,"* ]] && echo "open the notebooks with: .venv/bin/jupyter lab notebooks/"
+exit 0

@@ -6,7 +6,11 @@ compose. Used by DP-FedAvg (client-level: q = the client sampling rate) and DP-S
     noise_for_epsilon(target_epsilon=3, q=0.1, steps=100, delta=1e-5)       # the z that spends exactly ε
 
 `sampling="poisson"` (each unit independently with probability q) or `"fixed"` (a fixed-size sample
-without replacement, q = m/K; RDP only, substitution neighbours)."""
+without replacement, q = m/K; RDP only, substitution neighbours).
+
+`noise_multiplier` is the noise std over the query's ℓ2 sensitivity *for that neighbouring relation*: with
+add/remove-one (Poisson) a sum of S-clipped vectors has sensitivity S; with replace-one (fixed) it has 2S, so
+noise z·S is a multiplier of z/2 there (`fedlab_nb.privacy.dp.central_epsilon` does this conversion)."""
 from __future__ import annotations
 
 import logging
@@ -58,16 +62,25 @@ def epsilon(q: float, noise_multiplier: float, steps: int, delta: float, account
 
 def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float, accountant: str = "rdp",
                       sampling: str = "poisson") -> float:
-    """The smallest noise multiplier z whose ε after `steps` is ≤ target_epsilon (the library's calibration)."""
+    """The smallest noise multiplier z whose ε after `steps` is ≤ target_epsilon (the library's calibration).
+
+    PLD is bracketed by the RDP answer (RDP's ε is never below PLD's, so z_PLD ≤ z_RDP): starting PLD's
+    search at a tiny z would build a privacy-loss distribution with billions of buckets."""
     import dp_accounting as dpa
     _check(q, 1.0, steps, delta, accountant, sampling)
     if not target_epsilon > 0:
         raise ValueError(f"target_epsilon must be > 0, got {target_epsilon!r}")
+    bracket = dpa.LowerEndpointAndGuess(1e-3, 1.0)
+    if accountant == "pld":
+        upper = noise_for_epsilon(target_epsilon, q, steps, delta, "rdp", sampling)
+        lower = 0.8 * upper  # PLD usually needs 5-15 % less noise than RDP says
+        while lower > 0.05 and epsilon(q, lower, steps, delta, "pld", sampling) <= target_epsilon:
+            lower /= 2  # until PLD's ε at `lower` exceeds the target: [lower, upper] brackets the answer
+        bracket = dpa.ExplicitBracketInterval(lower, upper)
     with _quiet_absl():
         return float(dpa.calibrate_dp_mechanism(lambda: _accountant_for(accountant, sampling),
                                                 lambda z: dp_event(q, z, steps, sampling),
-                                                target_epsilon, delta,
-                                                dpa.LowerEndpointAndGuess(1e-3, 1.0)))
+                                                target_epsilon, delta, bracket))
 
 
 def _accountant_for(accountant: str, sampling: str):

@@ -13,6 +13,7 @@ from .recording import record, recorded, save_figure
 _LAZY = {  # papermill-based pieces load on first use, so `import repro` stays cheap inside a kernel
     "run_notebook": "runner", "reproduce": "runner", "mismatches": "runner", "ParameterError": "runner",
     "build_report": "report",
+    "check_exercise": "course",  # the course's self-grading exercises (PASS / TRY AGAIN)
 }
 
 

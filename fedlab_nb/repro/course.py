@@ -1,0 +1,440 @@
+"""The course: lessons built from the claims files, and exercises that grade themselves.
+
+Inside a notebook (a plain Jupyter kernel is enough):
+
+    from fedlab_nb import repro
+    repro.check_exercise("> 0.03", gap)                        # PASS: ... / TRY AGAIN: ... (got ..., expected ...)
+    repro.check_exercise("within 1e-9 of library", mine, library=fed.heterogeneity("emd"))
+    repro.check_exercise("gap > 0.03", gap=gap)                # the value named on the left
+
+The expectation uses the claims files' grammar (papers/SCHEMA.md, fedlab_nb/repro/expect.py); names on the
+right-hand side are the keyword arguments. A per-seed list is judged like a seeded claim (90 % one-sided t
+interval). When the notebook is executed by the test harness or `fedlab-nb reproduce` (FEDLAB_NB_RUN_DIR is
+set), a TRY AGAIN also raises ExerciseFailed, so CI fails when an instructor's solution stops passing; set
+FEDLAB_NB_EXERCISES=lenient (or strict) to choose explicitly.
+
+Outside a notebook: `build_syllabus(root)` writes the syllabus (docs/syllabus.md) from papers/*.yaml, the
+notebooks' exercise sections and the smoke-scale seconds; `student_notebook(nb)` replaces the solution cells
+(code cells tagged `solution`) by stubs; `write_course(root, out)` writes both versions (scripts/make_course.py).
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .expect import ExpectationError, MetricError, parse_expectation
+from .recording import RUN_DIR_ENV, to_json_value
+
+SOLUTION_TAG = "solution"
+STUB_TAG = "student-stub"            # what a solution cell is tagged in the student version
+EXERCISES_ENV = "FEDLAB_NB_EXERCISES"  # "strict": TRY AGAIN raises; "lenient": it only prints
+GRAMMAR = ("'< x', '<= x', '> x', '>= x', '== x', 'within TOL of x', 'within P% of x' or 'between a and b', "
+           "where x, a, b are numbers, names passed as keywords, + - * and parentheses, optionally preceded by the "
+           "name of the value being checked ('gap > 0.03', gap=...); see papers/SCHEMA.md")
+STUB_LINE = "# YOUR CODE HERE: replace each `...` by your answer; the next cell checks it"
+
+
+class ExerciseFailed(AssertionError):
+    """Raised after TRY AGAIN when exercises are strict (the notebook runs under the test harness)."""
+
+
+class CourseError(ValueError):
+    """A claims file the course does not place, or a lesson table that is inconsistent."""
+
+
+# ---------------------------------------------------------------------------------------------- lessons
+@dataclass(frozen=True)
+class Lesson:
+    key: str
+    title: str
+    papers: tuple          # paper ids (papers/<id>.yaml), in teaching order
+    prerequisites: tuple   # keys of earlier lessons
+    goals: tuple           # learning goals, one sentence each
+    background: str = ""   # what a student should know from outside the course
+
+
+LESSONS = (
+    Lesson("basics", "FedAvg and non-IID data", ("fedavg_noniid", "partitions"), (),
+           ("write FedAvg in plain PyTorch and check it against fl.simulate to float rounding",
+            "partition a data set (IID, Dirichlet(α), shards, pathological, quantity, feature, natural) and read "
+            "its label heatmap",
+            "measure label skew with EMD and JS, and see FedAvg's accuracy fall as α falls, over several seeds"),
+           "Python, NumPy, a first PyTorch training loop (SGD, cross-entropy)"),
+    Lesson("heterogeneity", "Algorithms for heterogeneous clients", ("baselines", "moon_feddyn", "fedbn"),
+           ("basics",),
+           ("explain client drift and what FedProx's proximal term, SCAFFOLD's control variates, FedNova's "
+            "normalisation and FedAdam's server optimiser each change",
+            "compare MOON's contrastive loss and FedDyn's dynamic regulariser with them under Dirichlet(0.1)",
+            "see feature shift as non-IID data too, and why FedBN's local BatchNorm statistics absorb it"),
+           "gradient descent with momentum and Adam; BatchNorm"),
+    Lesson("weights", "Aggregation weights and participation", ("fedau", "afl"), ("basics",),
+           ("see why averaging whoever shows up biases FedAvg, and how FedAU's participation intervals remove it",
+            "derive a closed-form (analytic) federated solution whose aggregate does not depend on the split"),
+           "least squares / ridge regression; expectations of random sampling"),
+    Lesson("robustness", "Byzantine clients and robust aggregation",
+           ("robust_aggregation", "gas", "centered_clipping", "flag_aggregator", "frl"), ("basics", "heterogeneity"),
+           ("run every robust rule (median, trimmed mean, Krum, Bulyan, geometric median, clipping) against "
+            "six attacks, IID and non-IID",
+            "explain why non-IID data breaks robust rules and how gradient splitting (GAS) and worker momentum help",
+            "compare subspace aggregation (flag median) and rank voting (FRL) with the classical rules"),
+           "medians and norms in high dimension"),
+    Lesson("privacy", "Privacy: what leaks, and what protects",
+           ("gradient_inversion", "cpa", "dp_fedavg", "secure_aggregation", "cpda", "aggregate_responses", "fedsvd"),
+           ("basics",),
+           ("reconstruct a client's images from its gradient (DLG, iDLG, Inverting Gradients) and from an "
+            "aggregated gradient (CPA, as blind source separation)",
+            "clip and noise client updates for user-level differential privacy and account for (ε, δ) with "
+            "RDP / PLD accountants",
+            "hide individual updates with secure aggregation (masks, Shamir shares, dropouts) and polynomial shares "
+            "(CPDA), and learn from aggregate responses only",
+            "fine-tune with LoRA under DP-SGD (FedSVD) and measure what privacy costs in accuracy"),
+           "probability (Gaussian noise, tails); modular arithmetic for the cryptographic notebooks"),
+    Lesson("communication", "From one machine to a real federation", ("flower",), ("basics",),
+           ("run any fedlab_nb method as a Flower ServerApp / ClientApp, in simulation and on a SuperLink with "
+            "SuperNodes, and check it matches the in-process run",
+            "read bytes up / down per round and what a deployment adds to the simulation"),
+           "processes and ports; a terminal"),
+    Lesson("personalisation", "Personalised federated learning",
+           ("personalisation_baselines", "personalisation_more", "clustered_fl"), ("basics", "heterogeneity"),
+           ("evaluate every client's own model on its own test split, next to the global model (one honest "
+            "protocol)",
+            "compare fine-tuning, shared bodies with local heads (FedPer, FedRep, FedBABU, LG-FedAvg), regularised "
+            "personal models (Ditto, pFedMe) and meta-learning (Per-FedAvg)",
+            "recover hidden client groups with IFCA and CFL, and when clustering beats one global model"),
+           "train / validation / test splits; transfer learning"),
+    Lesson("bilevel", "Bilevel federated optimisation", (), ("personalisation",),
+           ("see personalisation as a bilevel problem: pFedMe's Moreau envelope and Per-FedAvg's MAML step "
+            "(lesson 'personalisation') are its first examples",),
+           "implicit differentiation; hypergradients"),
+)
+
+
+def lesson_of(paper_id: str) -> Lesson:
+    """The lesson a paper belongs to; CourseError when the course does not place it yet."""
+    for lesson in LESSONS:
+        if paper_id in lesson.papers:
+            return lesson
+    raise CourseError(f"papers/{paper_id}.yaml is not in the course: add {paper_id!r} to one lesson's papers in "
+                      "LESSONS (fedlab_nb/repro/course.py), then run scripts/make_course.py")
+
+
+def check_lessons(lessons=LESSONS) -> None:
+    """Each paper in one lesson only, prerequisites name earlier lessons."""
+    seen, keys = {}, []
+    for lesson in lessons:
+        for p in lesson.papers:
+            if p in seen:
+                raise CourseError(f"paper {p!r} is in lessons {seen[p]!r} and {lesson.key!r}; give it one lesson")
+            seen[p] = lesson.key
+        late = [k for k in lesson.prerequisites if k not in keys]
+        if late:
+            raise CourseError(f"lesson {lesson.key!r} lists prerequisites {late} that are not earlier lessons")
+        keys.append(lesson.key)
+
+
+# ---------------------------------------------------------------------------------------------- check_exercise
+def _strict() -> bool:
+    mode = os.environ.get(EXERCISES_ENV, "").strip().lower()
+    if mode in ("strict", "lenient"):
+        return mode == "strict"
+    return bool(os.environ.get(RUN_DIR_ENV))   # executed by nbval / fedlab-nb: a wrong solution fails the run
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    return repr(value)
+
+
+def _split_leading_name(expectation: str, named: dict):
+    """'gap > 0.03' with gap=... -> ('> 0.03', 'gap'); otherwise (expectation, None)."""
+    m = re.match(r"\s*([A-Za-z_]\w*)\s+(.*)$", expectation, re.S)
+    if m and m.group(1) in named and m.group(1) not in ("within", "between"):
+        return m.group(2), m.group(1)
+    return expectation, None
+
+
+def _parse(expectation):
+    try:
+        return parse_expectation(expectation)
+    except ExpectationError as e:
+        raise ExpectationError(f"check_exercise: bad expectation {expectation!r}: {e}. "
+                               f"An expectation is {GRAMMAR}") from None
+
+
+def _not_answered(value) -> bool:
+    return value is None or value is Ellipsis
+
+
+def _scalar_hint(expect, value, refs) -> str:
+    """How far the value is from passing, in words."""
+    from .expect import _value
+    try:
+        if expect.kind in ("<", "<=", ">", ">="):
+            bound = _value(expect.args[0], refs)
+            side = "larger" if expect.kind.startswith(">") else "smaller"
+            return f"it must be {side} than {_fmt(bound)}; it is off by {_fmt(abs(value - bound))}"
+        if expect.kind == "==":
+            return f"it must equal {_fmt(_value(expect.args[0], refs))}"
+        if expect.kind == "between":
+            low, high = (_value(a, refs) for a in expect.args)
+            return f"it must lie in [{_fmt(low)}, {_fmt(high)}]"
+        tol, relative, target = expect.args
+        x = _value(target, refs)
+        allowed = tol * abs(x) if relative else tol
+        return f"it is {_fmt(abs(value - x))} away from {_fmt(x)}; at most {_fmt(allowed)} is allowed"
+    except TypeError:
+        return "compare a number with a number (or a bool / string with ==)"
+
+
+def _refs_text(expect, refs) -> str:
+    shown = [f"{n} = {_fmt(refs[n])}" for n in sorted(expect.names)]
+    return f" with {', '.join(shown)}" if shown else ""
+
+
+def check_exercise(expectation: str, value=None, *, hint: str | None = None, **named) -> bool:
+    """Grade a student's number against an expectation of the claims grammar; prints one line and returns
+    True (PASS) or False (TRY AGAIN). `named` gives the names used in the expectation (`hint` is reserved:
+    an extra sentence shown on TRY AGAIN). A list / array of values is judged like a seeded claim."""
+    if not isinstance(expectation, str):
+        raise ExpectationError(f"check_exercise: the expectation must be a string such as '> 0.9', got "
+                               f"{expectation!r}. An expectation is {GRAMMAR}")
+    text, lhs = (expectation, None) if value is not None else _split_leading_name(expectation, named)
+    if value is None and lhs is None:
+        raise ValueError(f"check_exercise({expectation!r}) has no value to check: pass it second "
+                         f"(check_exercise('> 0.9', acc)) or name it on the left ('acc > 0.9', acc=acc)")
+    if lhs is not None:
+        value = named[lhs]
+    expect = _parse(text)
+    missing = sorted(n for n in expect.names if n not in named)
+    if missing:
+        raise ValueError(f"check_exercise({expectation!r}) uses {', '.join(missing)} but got no value for it: "
+                         f"pass it as a keyword, e.g. check_exercise({expectation!r}, value, {missing[0]}=...)")
+    label = lhs or "your answer"
+    if _not_answered(value) or any(_not_answered(v) for v in named.values()):
+        return _report(False, f"{label} {expect.text}", "no answer yet: fill in the cell above and run it again",
+                       hint)
+    shown = _fmt(float(value)) if isinstance(value, float) else None  # NaN stays visible as nan
+    try:
+        value = to_json_value(value, label)
+        refs = {n: to_json_value(v, n) for n, v in named.items()}
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"check_exercise: {e}") from None
+    if isinstance(value, list):
+        return _check_seeds(expect, label, value, refs, hint)
+    try:
+        ok = expect.holds(value, refs)
+    except MetricError as e:
+        return _report(False, f"{label} {expect.text}", f"got {shown or _fmt(value)}: {e}", hint)
+    head = f"{label} {expect.text}{_refs_text(expect, refs)}"
+    if ok:
+        return _report(True, f"{head} (got {_fmt(value)})", None, None)
+    return _report(False, head, f"got {_fmt(value)}, expected {expect.text}: {_scalar_hint(expect, value, refs)}",
+                   hint)
+
+
+def _check_seeds(expect, label, values, refs, hint) -> bool:
+    import numpy as np
+
+    from .verdicts import DEFAULT_CONFIDENCE, REPRODUCED, mean_interval, seeded_verdict
+    if len(values) < 2 or any(v is None for v in values):
+        return _report(False, f"{label} {expect.text}", "a per-seed answer needs at least 2 finite values", hint)
+    try:
+        verdict = seeded_verdict(expect, np.asarray(values, float), refs, DEFAULT_CONFIDENCE)
+    except MetricError as e:
+        return _report(False, f"{label} {expect.text}", str(e), hint)
+    spread = mean_interval(values).text()
+    head = f"{label} {expect.text}{_refs_text(expect, refs)} over {len(values)} seeds"
+    if verdict == REPRODUCED:
+        return _report(True, f"{head} (got {spread})", None, None)
+    return _report(False, head, f"got {spread}, expected {expect.text} for the whole interval ({verdict})", hint)
+
+
+def _report(ok: bool, head: str, why: str | None, hint: str | None) -> bool:
+    if ok:
+        print(f"PASS: {head}")
+        return True
+    line = f"TRY AGAIN: {head} ({why})" + (f" Hint: {hint}" if hint else "")
+    print(line)
+    if _strict():
+        raise ExerciseFailed(line)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------- student version
+def is_solution(cell) -> bool:
+    return SOLUTION_TAG in cell.get("metadata", {}).get("tags", [])
+
+
+def stub_source(source: str) -> str:
+    """A stub for a solution cell: every name the solution assigns at top level gets `...`, functions keep
+    their signature with a `...` body, so the check cell after it runs and says 'no answer yet'."""
+    lines = [STUB_LINE]
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines.append(f"def {node.name}({ast.unparse(node.args)}):")
+            lines.append("    ...")
+        for name in _assigned_names(node):
+            lines.append(f"{name} = ...")
+    if len(lines) == 1:
+        lines.append("...")
+    return "\n".join(dict.fromkeys(lines))  # a name assigned twice is stubbed once
+
+
+def _assigned_names(node) -> list[str]:
+    targets = {ast.Assign: lambda n: n.targets, ast.AnnAssign: lambda n: [n.target],
+               ast.AugAssign: lambda n: [n.target]}.get(type(node), lambda n: [])(node)
+    names = []
+    for t in targets:
+        names += [e.id for e in ast.walk(t) if isinstance(e, ast.Name)]
+    return names
+
+
+def student_notebook(nb):
+    """A copy of the notebook for students: solution code cells become stubs (outputs cleared), markdown cells
+    tagged `solution` are removed. The notebook passed in is not changed."""
+    out = copy.deepcopy(nb)
+    cells = []
+    for cell in out.cells:
+        if not is_solution(cell):
+            cells.append(cell)
+            continue
+        if cell.cell_type != "code":
+            continue                      # a written-out answer: the instructor's only
+        tags = [t for t in cell.metadata.get("tags", []) if t != SOLUTION_TAG] + [STUB_TAG]
+        cell.metadata["tags"] = tags
+        cell.source, cell.outputs, cell.execution_count = stub_source(cell.source), [], None
+        cells.append(cell)
+    out.cells = cells
+    out.metadata["fedlab_nb_course"] = {"version": "student"}
+    return out
+
+
+def exercises_of(nb) -> dict:
+    """{'listed': titles of the numbered exercises in the Exercises section, 'graded': titles of the
+    self-graded ones (the bold start of the markdown cell before each solution cell)}."""
+    listed, graded = [], []
+    cells = nb.cells
+    for i, cell in enumerate(cells):
+        if cell.cell_type == "markdown" and re.search(r"^#+ .*Exercises", cell.source, re.M):
+            section = re.split(r"^#+ ", cell.source.split("Exercises", 1)[1], maxsplit=1, flags=re.M)[0]
+            listed += [_title(m) for m in re.findall(r"^\d+\.\s+(.*)$", section, re.M)]
+        if is_solution(cell) and cell.cell_type == "code" and i and cells[i - 1].cell_type == "markdown":
+            graded.append(_title(cells[i - 1].source))
+    return {"listed": listed, "graded": graded}
+
+
+def _title(text: str) -> str:
+    """The bold lead of an exercise ('**Local work.** ...' -> 'Local work'), else its first sentence or clause."""
+    m = re.search(r"^\*\*(.+?)\*\*", text, re.M)  # a paragraph that starts in bold
+    title = m.group(1) if m else re.split(r"(?<=[.?!])\s|:\s", text.strip(), maxsplit=1)[0]
+    title = re.sub(r"\s+", " ", title.replace("**", "")).strip().rstrip(".:")
+    if len(title) > 60 and " (" in title[15:]:
+        title = title[:title.index(" (", 15)]          # drop a long parenthesis
+    if len(title) > 80:
+        title = title[:title.rfind(" ", 0, 77)] + " …"
+    if title.count("`") % 2:
+        title = title[:title.rfind("`")].rstrip() + " …"  # never leave an inline code span open
+    return title
+
+
+# ---------------------------------------------------------------------------------------------- syllabus
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def build_syllabus(root=None) -> str:
+    """The syllabus as markdown: lessons in order, each with prerequisites, goals, time at smoke scale (sum of
+    the claims files' `scales.smoke.seconds`) and its notebooks with their exercises. Only papers whose claims
+    file exists are listed; a claims file that no lesson places raises CourseError."""
+    import nbformat
+    from .claims import default_root, load_paper, paper_ids
+    root = Path(root or default_root())
+    check_lessons()
+    present = paper_ids(root)
+    for pid in present:
+        lesson_of(pid)
+    titles = {lesson.key: f"{i}. {lesson.title}" for i, lesson in enumerate(LESSONS, 1)}
+    out = ["# Syllabus", "",
+           "Generated by `scripts/make_course.py` from `papers/*.yaml`, the notebooks' exercise sections and the "
+           "lesson table in `fedlab_nb/repro/course.py`; do not edit by hand. Times are the claims files' "
+           "smoke-scale seconds (one notebook top to bottom on one CPU core). Self-graded exercises print PASS / "
+           "TRY AGAIN (`repro.check_exercise`); the teacher's page is `docs/teachers.md`.", "",
+           "| lesson | notebooks | time at smoke scale | prerequisites |", "|---|---|---|---|"]
+    rows, sections = [], []
+    for lesson in LESSONS:
+        papers = [load_paper(p, root) for p in lesson.papers if p in present]
+        seconds = sum(p.scales["smoke"].get("seconds") or 0 for p in papers)
+        prereq = ", ".join(titles[k] for k in lesson.prerequisites) or "none"
+        names = ", ".join(f"`{Path(p.notebook).stem}`" for p in papers) or "none yet"
+        rows.append(f"| {titles[lesson.key]} | {names} | {_minutes(seconds) if papers else '—'} | {prereq} |")
+        sections += ["", f"## {titles[lesson.key]}", "",
+                     f"*Prerequisites:* {prereq}" + (f"; from outside the course: {lesson.background}."
+                                                     if lesson.background else "."),
+                     f"*Time at smoke scale:* {_minutes(seconds) if papers else 'no notebook yet'}"
+                     + (f" ({len(papers)} notebooks)" if len(papers) > 1 else "") + ".", "",
+                     "You will be able to:", ""]
+        sections += [f"- {g}" for g in lesson.goals]
+        for p in papers:
+            path = root / p.notebook
+            sections += ["", *_paper_section(p, nbformat.read(path, as_version=4) if path.is_file() else None)]
+        if not papers:
+            sections += ["", "No notebook in this lesson yet."]
+    return "\n".join(out + rows + sections) + "\n"
+
+
+def _paper_section(paper, nb) -> list[str]:
+    ref = paper.paper
+    authors = ref["authors"] if len(ref["authors"]) <= 70 else ref["authors"].split(",")[0] + " et al."
+    smoke = paper.scales["smoke"].get("seconds")
+    lines = [f"### `{paper.notebook}` · {paper.method}", "",
+             f"{authors}, *{ref['title']}*, {ref['venue']} {ref['year']}"
+             + (f" ([link]({ref['url']}))" if ref.get("url") else "") + ".",
+             f"Smoke scale: {_minutes(smoke) if smoke else 'not measured'}; {len(paper.claims)} claims "
+             f"(`papers/{paper.id}.yaml`)."]
+    if nb is None:
+        return lines + ["The notebook is not written yet."]
+    ex = exercises_of(nb)
+    if ex["graded"]:
+        lines.append("Self-graded: " + "; ".join(ex["graded"]) + ".")
+    if ex["listed"]:
+        lines.append("Exercises: " + "; ".join(ex["listed"]) + ".")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------- writing it all
+def write_course(root=None, out=None, syllabus=None) -> dict:
+    """Write the syllabus (default docs/syllabus.md) and, for every notebook with solution cells, the student
+    version (<out>/student/<nb>.ipynb) and an unchanged copy (<out>/instructor/<nb>.ipynb); out defaults to
+    results/course. notebooks/ is only read. Returns {'syllabus': path, 'student': [...], 'instructor': [...]}."""
+    import shutil
+
+    import nbformat
+    from .claims import default_root
+    root = Path(root or default_root())
+    out = Path(out) if out else root / "results" / "course"
+    syllabus = Path(syllabus) if syllabus else root / "docs" / "syllabus.md"
+    syllabus.parent.mkdir(parents=True, exist_ok=True)
+    syllabus.write_text(build_syllabus(root))
+    written = {"syllabus": syllabus, "student": [], "instructor": []}
+    for path in sorted((root / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        if not any(is_solution(c) for c in nb.cells):
+            continue
+        for kind in ("student", "instructor"):
+            (out / kind).mkdir(parents=True, exist_ok=True)
+        nbformat.write(student_notebook(nb), out / "student" / path.name)
+        shutil.copyfile(path, out / "instructor" / path.name)
+        written["student"].append(out / "student" / path.name)
+        written["instructor"].append(out / "instructor" / path.name)
+    return written
+
+
+__all__ = ["check_exercise", "ExerciseFailed", "CourseError", "LESSONS", "Lesson", "lesson_of", "build_syllabus",
+           "student_notebook", "stub_source", "exercises_of", "write_course", "GRAMMAR"]

@@ -1,0 +1,188 @@
+"""JupyterLab and the board in a real browser: Debian's chromium driven by Playwright (never a downloaded
+browser). A copy of notebook 00 is opened in JupyterLab on 127.0.0.1 with a token, every cell is run through
+the Run menu, and the test checks the claims cell's verdict lines, the rendered figures, that the explorer
+redraws after a dropdown and a slider change, and that the page logged no JavaScript error. The board
+(`fedlab-nb report` on the fixture repository) is opened as a file. Screenshots: results/screenshots/."""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path(os.environ.get("FEDLAB_NB_CHROMIUM", "/usr/bin/chromium"))
+SHOTS = ROOT / "results" / "screenshots"
+NOTEBOOK = "00_fedavg_noniid.ipynb"
+pytestmark = pytest.mark.browser
+
+
+def _need_browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"no chromium at {CHROMIUM}: install Debian's (apt-get install -y chromium) or set "
+                    "FEDLAB_NB_CHROMIUM; scripts/setup.sh installs it when run as root")
+    pytest.importorskip("playwright.sync_api", reason="pip install -e '.[browser]' (Playwright's Python package)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(p):
+    return p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """JupyterLab serving a copy of the notebooks folder (running cells must not touch the tracked files)."""
+    _need_browser()
+    pytest.importorskip("jupyterlab", reason="pip install -e '.[notebooks]' (JupyterLab)")
+    folder = tmp_path / "notebooks"
+    shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    port, token = _free_port(), secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           f"--ServerApp.token={token}", f"--ServerApp.root_dir={folder}", "--LabApp.news_url=None",
+           "--ServerApp.open_browser=False", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    settings = tmp_path / "lab_settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)  # every cell in the page (no windowing): the test reads all prompts and outputs
+    (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
+    cmd.append(f"--LabApp.user_settings_dir={tmp_path / 'lab_settings'}")
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter_config"), "OMP_NUM_THREADS": "1",
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter_runtime")}
+    log = open(tmp_path / "lab.log", "w")
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):  # up to 60 s for the server to answer
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("JupyterLab did not start in 60 s:\n" + (tmp_path / "lab.log").read_text()[-2000:])
+        yield url, token
+    finally:
+        server.terminate()
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def _image_sources(page, selector: str) -> list[str]:
+    return page.eval_on_selector_all(selector, "els => els.filter(e => e.naturalWidth > 0).map(e => e.src)")
+
+
+def _prompts(page) -> list[str]:
+    return page.eval_on_selector_all(".jp-CodeCell .jp-InputPrompt", "els => els.map(e => e.textContent)")
+
+
+def _run_all_cells(page, tries: int = 4):
+    """Run → Run All Cells; a click that lands before the kernel is connected does nothing, so try again."""
+    for _ in range(tries):
+        page.click("li.lm-MenuBar-item:has-text('Run')")
+        page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+        for _ in range(20):
+            if any("*" in p for p in _prompts(page)):
+                return
+            time.sleep(1)
+        page.keyboard.press("Escape")  # close the menu if the click did not land
+    page.screenshot(path=str(SHOTS / "jupyterlab_not_started.png"))
+    pytest.fail("Run All Cells did not start the notebook (screenshot: results/screenshots/jupyterlab_not_started.png)")
+
+
+def _wait_until_idle(page, timeout_s: float):
+    """Until every code cell has run: no prompt shows [*] and every input prompt holds a number."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        prompts = _prompts(page)
+        if prompts and all(any(ch.isdigit() for ch in p) and "*" not in p for p in prompts):
+            return
+        time.sleep(1)
+    pytest.fail(f"the notebook did not finish in {timeout_s:.0f} s; prompts: {prompts}")
+
+
+def test_notebook_runs_in_jupyterlab_and_the_explorer_redraws(lab):
+    from playwright.sync_api import sync_playwright
+    url, token = lab
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    errors = []
+    with sync_playwright() as p:
+        browser = _launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{url}/lab/tree/{NOTEBOOK}?token={token}")
+        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+        _run_all_cells(page)
+        _wait_until_idle(page, 300)
+        text = page.inner_text(".jp-Notebook")
+        assert "REPRODUCED" in text, "the claims cell printed no REPRODUCED line"
+        assert "Traceback (most recent call last)" not in text, "a cell raised in JupyterLab"
+        figures = _image_sources(page, ".jp-OutputArea-output img")
+        assert len(figures) >= 3, f"expected the notebook's figures to render, found {len(figures)} images"
+        page.screenshot(path=str(SHOTS / "jupyterlab_notebook00.png"), full_page=False)
+
+        explorer = page.locator(".widget-vbox .widget-output").last
+        explorer.scroll_into_view_if_needed()
+        before = _image_sources(page, ".widget-output img")
+        assert before, "the explorer drew no plot"
+        partition = page.locator(".widget-dropdown:has(label:text-is('partition')) select")
+        options = partition.locator("option").all_inner_texts()
+        current = partition.input_value()
+        partition.select_option(next(o for o in options if o != current))
+        after_dropdown = _wait_for_new_plot(page, before, 90)
+        handle = page.locator(".widget-slider:has(label:text-is('rounds')) .noUi-handle").first
+        handle.focus()
+        handle.press("ArrowLeft")
+        _wait_for_new_plot(page, after_dropdown, 90)
+        page.locator(".widget-vbox:has(.widget-output)").last.screenshot(path=str(SHOTS / "explorer.png"))
+        browser.close()
+    serious = [e for e in errors if "favicon" not in e]
+    assert not serious, f"JavaScript console errors: {serious[:5]}"
+
+
+def _wait_for_new_plot(page, before: list[str], timeout_s: float) -> list[str]:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        now = _image_sources(page, ".widget-output img")
+        if now and now != before:
+            return now
+        time.sleep(0.5)
+    pytest.fail("the explorer's plot did not change after the control changed")
+
+
+def test_board_opens_in_the_browser(tmp_path):
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+    from fedlab_nb.cli import main
+    root = tmp_path / "root"
+    shutil.copytree(ROOT / "tests" / "data" / "tinyroot", root)
+    results = tmp_path / "results"
+    main(["--root", str(root), "--results", str(results), "reproduce", "tiny"])
+    assert main(["--root", str(root), "--results", str(results), "report"]) == 0
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    errors = []
+    with sync_playwright() as p:
+        browser = _launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto((results / "index.html").as_uri())
+        body = page.inner_text("body")
+        assert "tiny" in body and "reproduced" in body.lower()
+        page.screenshot(path=str(SHOTS / "board.png"), full_page=False)
+        browser.close()
+    assert not errors, errors
