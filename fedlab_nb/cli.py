@@ -154,10 +154,12 @@ def cmd_run(args) -> int:
     from fedlab_nb.repro.runner import run_notebook
     root = _root(args)
     params = _parse_parameters(args.parameter)
-    out = run_notebook(args.paper, args.scale, params, args.device, _results(args, root), root)
+    out = run_notebook(args.paper, args.scale, params, args.device, _results(args, root), root,
+                       progress=sys.stderr.isatty())  # a cells-done bar when someone is watching
     print(f"executed notebook: {out['notebook']}  ({out['wall_seconds']} s; figures and metrics in {out['run_dir']})")
+    from fedlab_nb.repro.report import fmt
     for name, value in sorted(out["metrics"].items()):
-        print(f"  {name} = {value}")
+        print(f"  {name} = {fmt(value)}")  # rounded for reading; metrics.json keeps every digit
     if out["error"]:
         e = out["error"]
         print(f"error: notebook failed in cell {e['cell']}: {e['ename']}: {e['evalue']}", file=sys.stderr)
@@ -250,10 +252,11 @@ def _warning_lines(caught) -> list:
 
 
 def cmd_report(args) -> int:
-    from fedlab_nb.repro.report import build_report
+    from fedlab_nb.repro.report import build_report, load_results, summary_lines
     results = _results(args, _root(args))
-    print(build_report(results))
-    print(f"wrote {results / 'REPORT.md'} and {results / 'index.html'}", file=sys.stderr)
+    build_report(results)
+    print("\n".join(summary_lines(load_results(results))))
+    print(f"wrote {results / 'REPORT.md'} and {results / 'index.html'} (open it in a browser)")
     return 0
 
 

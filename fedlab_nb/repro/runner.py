@@ -15,6 +15,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from datetime import datetime, timezone
@@ -132,7 +133,7 @@ def _out_dir(out_dir, root: Path) -> Path:
 
 
 def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = None, device: str | None = None,
-                 out_dir=None, root=None) -> dict:
+                 out_dir=None, root=None, progress: bool = False) -> dict:
     """Execute a paper's notebook; returns {notebook, run_dir, parameters, metrics, error, wall_seconds}.
 
     A notebook that raises does not raise here: `error` holds the failing cell index, exception name and
@@ -140,7 +141,7 @@ def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = 
     root = Path(root or default_root())
     paper = load_paper(paper_id, root)
     params, _ = build_parameters(paper, scale, parameters, device)
-    return _execute(paper, scale, params, run_folder(paper.id, scale, params, _out_dir(out_dir, root)))
+    return _execute(paper, scale, params, run_folder(paper.id, scale, params, _out_dir(out_dir, root)), progress)
 
 
 def run_folder(paper_id: str, scale: str, params: dict, out_dir) -> Path:
@@ -150,7 +151,7 @@ def run_folder(paper_id: str, scale: str, params: dict, out_dir) -> Path:
     return Path(out_dir) / "runs" / f"{paper_id}-{scale}-{key}"
 
 
-def _execute(paper: Paper, scale: str, params: dict, out_dir: Path) -> dict:
+def _execute(paper: Paper, scale: str, params: dict, out_dir: Path, progress: bool = False) -> dict:
     import papermill  # imported here: slow, and not needed inside notebooks
 
     run_dir = out_dir / f"{paper.id}-{scale}"
@@ -164,10 +165,12 @@ def _execute(paper: Paper, scale: str, params: dict, out_dir: Path) -> dict:
     pythonpath = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p)
     error, start = None, time.perf_counter()
     with _environment(**{RUN_DIR_ENV: str(run_dir.resolve()), ROOT_ENV: str(paper.root.resolve()),
-                         "PYTHONPATH": pythonpath}):
+                         "PYTHONPATH": pythonpath}), _quiet_papermill(), tempfile.TemporaryDirectory(
+                             prefix="fedlab_nb_kernel_") as sockets:
         try:
             papermill.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=KERNEL,
-                                       cwd=str(notebook.parent), progress_bar=False, log_output=False)
+                                       cwd=str(notebook.parent), progress_bar=progress, log_output=False,
+                                       kernel_manager_class=_ipc_kernel_manager(sockets))
         except papermill.PapermillExecutionError as e:
             error = {"cell": e.cell_index, "execution_count": e.exec_count, "ename": e.ename,
                      "evalue": str(e.evalue)}
@@ -177,6 +180,37 @@ def _execute(paper: Paper, scale: str, params: dict, out_dir: Path) -> dict:
     metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
     return {"notebook": str(executed), "run_dir": str(run_dir), "parameters": params, "metrics": metrics,
             "error": error, "wall_seconds": round(time.perf_counter() - start, 2)}
+
+
+def _ipc_kernel_manager(folder: str):
+    """A kernel manager on IPC sockets in `folder`: local only, and the kernel does not print its "running
+    over TCP without encryption" warning into every run's output."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class IPCKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _default_transport(self):
+            return "ipc"
+
+        @default("ip")
+        def _default_ip(self):
+            return os.path.join(folder, "kernel")
+    return IPCKernelManager
+
+
+@contextlib.contextmanager
+def _quiet_papermill():
+    """papermill's parameter-cell reader warns "Unable to parse line N" for comments with parentheses; the
+    parameters it injects do not depend on that reader, so its warnings are noise here."""
+    import logging
+    logger = logging.getLogger("papermill.translators")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 # ---------------------------------------------------------------------------------------------- reproduce
@@ -248,7 +282,8 @@ def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict,
         rows.append({"id": claim.id, "text": claim.text, "metric": claim.metric, "expect": claim.expect.text,
                      "partial": claim.partial.text if claim.partial else None, "paper_value": claim.paper_value,
                      "ours": run["metrics"].get(claim.metric), "verdict": verdict, "reason": reason,
-                     "stored_verdict": claim.verdict, "seeds": claim.seeds, "interval": summary})
+                     "stored_verdict": claim.verdict, "seeds": claim.seeds, "interval": summary,
+                     "note": claim.note})
     run_dir = Path(run["run_dir"])
     result = {
         "paper": paper.id, "method": paper.method, "title": paper.paper.get("title"), "scale": scale,
