@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--scale", default="smoke", help="a scale of the claims file (default: smoke)")
         p.add_argument("--device", type=_device, help="override the notebook's device parameter (cpu, cuda, auto)")
     command("report", "results/REPORT.md and results/index.html from all results")
+    lab = command("lab", "JupyterLab on a copy of the notebooks in results/lab/ (running cells never changes the tracked files)")
+    lab.add_argument("--fresh", action="store_true", help="replace the copies with the repository's notebooks")
+    lab.add_argument("--dry-run", action="store_true", help="copy, print the command, do not start JupyterLab")
     hist = command("history", "summarise a saved run (History.save's CSV): final accuracy, bytes, (epsilon, delta)")
     hist.add_argument("path", help="the .csv written by History.save (its .json beside it holds the run's settings)")
     figs = command("figures", "compare a smoke run's figure data with papers/figures/ID.json, or regenerate it")
@@ -260,6 +263,32 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_lab(args) -> int:
+    """Copy notebooks/*.ipynb into results/lab/ (keeping copies a user already changed, unless --fresh) and
+    start JupyterLab there: the executed cells and their outputs stay out of the tracked notebooks."""
+    import shutil
+    root = _root(args)
+    target = _results(args, root) / "lab"
+    target.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for nb in sorted((root / "notebooks").glob("*.ipynb")):
+        dest = target / nb.name
+        if args.fresh or not dest.exists():
+            shutil.copyfile(nb, dest)
+            copied += 1
+    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={target}"]
+    print(f"{copied} notebooks copied to {target} (existing copies kept; --fresh replaces them)")
+    if args.dry_run:
+        print(" ".join(cmd))
+        return 0
+    try:
+        import jupyterlab  # noqa: F401
+    except ImportError:
+        raise UsageError("JupyterLab is not installed: bash scripts/setup.sh dev,flower,notebooks,browser "
+                         "(or pip install -e '.[notebooks]')") from None
+    os.execv(sys.executable, cmd)  # JupyterLab takes over this process (Ctrl-C stops it)
+
+
 def cmd_history(args) -> int:
     from fedlab_nb.core.history import History
     path = Path(args.path)
@@ -321,7 +350,7 @@ class UsageError(C.ReproError):
 
 
 COMMANDS = {"list": cmd_list, "run": cmd_run, "reproduce": cmd_reproduce, "report": cmd_report, "data": cmd_data,
-            "figures": cmd_figures, "history": cmd_history}
+            "figures": cmd_figures, "history": cmd_history, "lab": cmd_lab}
 
 
 def main(argv=None) -> int:

@@ -18,5 +18,5 @@ fi
 if [[ ",$extras," == *",browser,"* ]] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "note: chromium not installed; the browser test will skip"
 fi
-[[ ",$extras," == *",notebooks,"* ]] && echo "open the notebooks with: .venv/bin/jupyter lab notebooks/"
+[[ ",$extras," == *",notebooks,"* ]] && echo "open the notebooks with: .venv/bin/fedlab-nb lab"
 exit 0

@@ -189,3 +189,14 @@ def test_history_shows_final_accuracy_and_privacy(tmp_path, capsys):
     assert "final test_acc = 0.7000" in out and "privacy: (epsilon = 0.8, delta = 1e-05) after 2 rounds" in out
     assert main(["history", str(tmp_path / "dp.json")]) == 2
     assert "is not a History CSV file" in capsys.readouterr().err
+
+
+def test_lab_works_on_copies_of_the_notebooks(repo, capsys):
+    root, args, results = repo
+    assert main(args + ["lab", "--dry-run"]) == 0
+    copy = results / "lab" / "tiny.ipynb"
+    assert copy.read_bytes() == (root / "notebooks" / "tiny.ipynb").read_bytes()
+    assert f"--ServerApp.root_dir={results / 'lab'}" in capsys.readouterr().out
+    copy.write_text("{}")  # the user's changes survive a second start, --fresh replaces them
+    assert main(args + ["lab", "--dry-run"]) == 0 and copy.read_text() == "{}"
+    assert main(args + ["lab", "--dry-run", "--fresh"]) == 0 and copy.read_text() != "{}"
