@@ -59,6 +59,7 @@ def lab(tmp_path):
     cmd.append(f"--LabApp.user_settings_dir={tmp_path / 'lab_settings'}")
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter_config"), "OMP_NUM_THREADS": "1",
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter_runtime")}
+    env.pop("MPLBACKEND", None)  # scripts/test.sh sets Agg, which would keep the kernel from showing figures inline
     log = open(tmp_path / "lab.log", "w")
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder)
     url = f"http://127.0.0.1:{port}"

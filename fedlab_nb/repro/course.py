@@ -93,11 +93,16 @@ LESSONS = (
             "(CPDA), and learn from aggregate responses only",
             "fine-tune with LoRA under DP-SGD (FedSVD) and measure what privacy costs in accuracy"),
            "probability (Gaussian noise, tails); modular arithmetic for the cryptographic notebooks"),
-    Lesson("communication", "From one machine to a real federation", ("flower",), ("basics",),
-           ("run any fedlab_nb method as a Flower ServerApp / ClientApp, in simulation and on a SuperLink with "
-            "SuperNodes, and check it matches the in-process run",
-            "read bytes up / down per round and what a deployment adds to the simulation"),
-           "processes and ports; a terminal"),
+    Lesson("communication", "Communication, one-shot aggregation and real federations",
+           ("compression", "ferret", "fedpara", "fedsa_lora", "fisher_merging", "knn_vote",
+            "hierarchical_aggregation", "communication", "flower"), ("basics",),
+           ("measure bytes from the encoded messages and trade them against accuracy: sparsification, "
+            "quantisation and signs with error feedback, low rank, shared-randomness projections (Ferret), "
+            "low-rank Hadamard layers (FedPara) and LoRA factors kept local (FedSA-LoRA)",
+            "aggregate in one shot (Fisher merging, a 1-NN majority vote) and along a tree of aggregators",
+            "run any fedlab_nb method as a Flower ServerApp / ClientApp, in simulation and on a SuperLink with "
+            "SuperNodes, and check it matches the in-process run"),
+           "bits and bytes; low-rank matrices; processes and ports; a terminal"),
     Lesson("personalisation", "Personalised federated learning",
            ("personalisation_baselines", "personalisation_more", "clustered_fl"), ("basics", "heterogeneity"),
            ("evaluate every client's own model on its own test split, next to the global model (one honest "
