@@ -164,7 +164,11 @@ def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
             losses, first = l, jobs
     if bufs and "buffers" not in cstate:  # global running statistics: the size-weighted mean of the clients'
         sizes = torch.tensor([float(len(j.y)) for j in first], device=theta.device, dtype=theta.dtype)
-        load_buffers(s.loss_fn.model, (sizes / sizes.sum()) @ bufs["buffers"])
+        rows = bufs["buffers"]
+        mean = (sizes / sizes.sum()) @ rows
+        same = (rows == rows[0]).all(0)  # buffers no client changed (frozen weights) stay bit-exact, no mean rounding
+        mean[same] = rows[0, same]
+        load_buffers(s.loss_fn.model, mean)
     steps = torch.tensor([float(len(j.batches)) for j in first], device=theta.device)
     entries, new = cu.finish(done, theta, down, cstate, steps, s.cfg.lr, method, s.groups)
     return entries, new, losses, first

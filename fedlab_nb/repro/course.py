@@ -64,7 +64,8 @@ LESSONS = (
             "its label heatmap",
             "measure label skew with EMD and JS, and see FedAvg's accuracy fall as α falls, over several seeds"),
            "Python, NumPy, a first PyTorch training loop (SGD, cross-entropy)"),
-    Lesson("heterogeneity", "Algorithms for heterogeneous clients", ("baselines", "moon_feddyn", "fedbn"),
+    Lesson("heterogeneity", "Algorithms for heterogeneous clients",
+           ("baselines", "moon_feddyn", "fedbn", "natural_partitions"),
            ("basics",),
            ("explain client drift and what FedProx's proximal term, SCAFFOLD's control variates, FedNova's "
             "normalisation and FedAdam's server optimiser each change",
