@@ -32,7 +32,9 @@ receiver knows d, k, s and the shapes from the protocol):
 Deliberate differences: PowerSGD's P̂, Q are all-reduced across workers in the paper; with partial
 participation each client here runs its own power step warm-started from its own stored Q (the compressor
 per client, as the error-feedback papers analyse it). Random-k sends its indices rather than a shared seed.
-Downlink (server → client) compression needs an engine hook that does not exist yet; only the uplink is here.
+Downlink (server → client): `DownlinkCompress(codec)` on `Method(downlink=...)` (`with_downlink(method, codec)`):
+the server keeps the clients' copy θ̂ and sends C(θ − θ̂); what a round does not send stays in θ − θ̂ and goes
+out later (the copy is the error-feedback memory). Clients are assumed to hold θ₀ (its download is not counted).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .core.messages import Transform, dense_bytes
+from .core.messages import DownlinkTransform, Transform, dense_bytes
 from .core.method import DataSizeWeighting, LocalObjective, Method, ServerSGD, UniformWeighting, weighted_mean
 from .core.registry import register
 
@@ -342,6 +344,35 @@ class PowerSGDCompress(Transform):
 
 
 # --- signSGD with majority vote: the server rule --------------------------------------------------------
+# --- the downlink ---------------------------------------------------------------------------------------
+@dataclass
+class DownlinkCompress(DownlinkTransform):
+    """Server → clients: send decode(encode(θ − θ̂)) and add it to the clients' copy θ̂ (server state). With
+    `error_feedback=False` only this round's server step θ_t − θ_{t−1} is compressed and what it drops is lost."""
+    codec: object = None
+    error_feedback: bool = True
+
+    def __post_init__(self):
+        if self.codec is None or not hasattr(self.codec, "encode") or isinstance(self.codec, PowerSGD):
+            raise ValueError("DownlinkCompress needs a codec with encode(x, generator) / decode(blob, d): "
+                             "TopK, RandK, QSGD or Sign (PowerSGD's warm start is per client)")
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        return {"view": theta.clone(), "previous": theta.clone()}
+
+    def __call__(self, theta: torch.Tensor, state: dict, generator: torch.Generator):
+        p = theta - (state["view"] if self.error_feedback else state["previous"])
+        blob = self.codec.encode(p, generator)
+        view = state["view"] + self.codec.decode(blob, p.numel()).to(theta)
+        return view, {"view": view, "previous": theta.clone()}, len(blob)
+
+
+def with_downlink(method: Method, codec, error_feedback: bool = True) -> Method:
+    """`method` whose broadcast model is compressed too (bidirectional compression)."""
+    from dataclasses import replace
+    return replace(method, name=f"{method.name}+down", downlink=(*method.downlink, DownlinkCompress(codec, error_feedback)))
+
+
 def majority_vote(updates: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     """sign(Σ_k sign(Δ_k)): one vote per client whatever its weight (Bernstein et al.); ties give 0."""
     return torch.sign(torch.sign(updates).sum(0))

@@ -43,7 +43,7 @@ from .engine.client import make_loss, train_clients_loop
 from .engine.evaluate import Evaluator
 from .engine.history import History
 from .engine.sampling import make_sampler
-from .engine.server import (RoundSetup, RunConfig, build_model, client_round, local_job, server_update,
+from .engine.server import (RoundSetup, RunConfig, build_model, client_round, downlink, local_job, server_update,
                             uplink)
 from .engine.store import ClientStore
 from .methods import Method, RoundInfo, get_method
@@ -152,7 +152,8 @@ class MethodStrategy(Strategy):
             self._connect(grid)
         self._t0, r = time.perf_counter(), server_round - 1
         self.sampled = self.s.sampler(r, self.s.num_clients, rng(self.s.cfg.seed, SAMPLE, r))
-        self.down = self.s.method.broadcast(self.state, self.theta)
+        self.down, self.state, self.theta_bytes = downlink(self.s.round, r, self.state,
+                                                           self.s.method.broadcast(self.state, self.theta))
         content = RecordDict({"broadcast": ArrayRecord({n: _to_array(t) for n, t in self.down.items()}),
                               "config": ConfigRecord({"round": r})})
         return [Message(content, dst_node_id=self.nodes[int(k)], message_type=MessageType.TRAIN) for k in self.sampled]
@@ -173,7 +174,8 @@ class MethodStrategy(Strategy):
                              torch.tensor([float(m["steps"]) for m in metrics], device=dev), self.s.num_clients,
                              self.s.cfg.lr, self.theta, msgs, self.s.cfg.seed)
             losses = torch.tensor([float(m["train-loss"]) for m in metrics], device=dev)
-            row.update(bytes_up=int(msgs.bytes.sum()), bytes_down=len(self.sampled) * dense_bytes(self.down))
+            row.update(bytes_up=int(msgs.bytes.sum()), bytes_down=len(self.sampled) * (self.theta_bytes + dense_bytes(
+                {k: v for k, v in self.down.items() if k != "theta"})))
             self.theta, self.state, row["train_loss"] = server_update(self.s.method, self.state, self.theta, info, msgs,
                                                                       losses, self.s.cfg.on_nonfinite, self.s.round.groups)
             row.update(self.s.method.round_metrics(self.state))

@@ -154,3 +154,51 @@ def test_error_feedback_survives_resume_in_a_new_process(tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "a.csv"), pd.read_csv(tmp_path / "b.csv"))
     ra, rb = full.store.all("cpu")["uplink0.residual"], torch.load(str(tmp_path / "b.csv") + ".res")
     assert ra.abs().sum() > 0 and torch.equal(ra, rb)
+
+
+# --- downlink ----------------------------------------------------------------------------------------------
+def test_downlink_lossless_equals_plain_and_bytes_are_the_payload():
+    import fedlab_nb as fl
+    from fedlab_nb.compression import TopK, with_downlink
+    fed = fl.federate("digits", "iid", n_clients=4, seed=0)
+    plain = fl.simulate("fedavg", fed, "logreg", rounds=3, progress=False, backend="loop")
+    full = fl.simulate(with_downlink(fl.get_method("fedavg"), TopK(1.0)), fed, "logreg", rounds=3, progress=False,
+                       backend="loop")
+    assert torch.equal(plain.theta, full.theta)  # k = d: every entry goes down, nothing changes
+    d = plain.theta.numel()
+    assert (full["bytes_down"] == 4 * TopK(1.0).payload_bytes(d)).all()
+
+
+def test_downlink_copy_lags_by_exactly_what_was_not_sent():
+    from fedlab_nb.compression import DownlinkCompress, TopK
+    g = torch.Generator().manual_seed(0)
+    theta0 = torch.randn(50, generator=g)
+    step = DownlinkCompress(TopK(5))
+    state = step.init_state(theta0, 3)
+    theta = theta0.clone()
+    for _ in range(4):
+        theta = theta + torch.randn(50, generator=g)
+        p = theta - state["view"]
+        view, state, nbytes = step(theta, state, g)
+        sent = TopK(5).decode(TopK(5).encode(p), 50)
+        assert torch.allclose(theta - view, p - sent, atol=1e-6) and nbytes == TopK(5).payload_bytes(50)
+    with pytest.raises(ValueError, match="needs a codec"):
+        DownlinkCompress(None)
+
+
+def test_downlink_state_is_checkpointed_and_resumes(tmp_path):
+    import fedlab_nb as fl
+    from fedlab_nb.compression import TopK, with_downlink
+    fed = fl.federate("digits", "iid", n_clients=4, seed=0)
+    method = lambda: with_downlink(fl.get_method("fedavg"), TopK(0.2))
+    whole = fl.simulate(method(), fed, "logreg", rounds=4, progress=False)
+    ck = tmp_path / "run.pt"
+
+    def stop_after_two(r, theta, row):
+        if r == 2:
+            raise KeyboardInterrupt  # killed after round 2's checkpoint
+    with pytest.raises(KeyboardInterrupt):
+        fl.simulate(method(), fed, "logreg", rounds=4, progress=False, checkpoint=ck, callback=stop_after_two)
+    resumed = fl.simulate(method(), fed, "logreg", rounds=4, progress=False, checkpoint=ck, resume=True)
+    assert torch.equal(whole.theta, resumed.theta)  # the clients' copy θ̂ came back from the checkpoint
+    assert whole["bytes_down"].tolist() == resumed["bytes_down"].tolist()

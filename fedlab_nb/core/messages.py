@@ -64,6 +64,21 @@ class Transform:
         raise NotImplementedError
 
 
+class DownlinkTransform:
+    """A server → clients step on the broadcast model (downlink compression). The server keeps what the
+    clients hold, θ̂, in its own (checkpointed) state; every sampled client receives the same payload.
+
+    `init_state(theta, num_clients)`: that state (e.g. θ̂ = θ₀ and an error-feedback residual).
+    `__call__(theta, state, generator) -> (θ̂, state, payload bytes per client)`: clients train from θ̂, the
+    server still applies their updates to its own θ."""
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        return {}
+
+    def __call__(self, theta: torch.Tensor, state: dict, generator: torch.Generator):
+        raise NotImplementedError
+
+
 @dataclass
 class TransformContext:
     """What a transform may use: the round, its clients, the Byzantine mask of those clients, a generator,

@@ -252,12 +252,14 @@ class Method:
     optimizer: SGD | Adam | str | None = None        # client optimiser (None: plain SGD at the run's lr)
     groups: ParamGroups = field(default_factory=ParamGroups)
     uplink: tuple = ()                                # Transforms applied to messages, in order
+    downlink: tuple = ()                              # server → client steps on the broadcast θ (compression)
     client: ClientUpdate = field(default_factory=ClientUpdate)
     aggregate_key: str = "delta"                      # the message entry weighting/rule/server step act on
 
     def __post_init__(self):
         self.optimizer = make_optimizer(self.optimizer)
         self.uplink = tuple(self.uplink)
+        self.downlink = tuple(self.downlink)
 
     @property
     def vmappable(self) -> bool:
@@ -267,6 +269,7 @@ class Method:
         parts = {"objective": self.objective, "weighting": self.weighting, "server_opt": self.server_opt}
         if hasattr(self.rule, "init_state"):
             parts["rule"] = self.rule
+        parts.update({f"downlink{i}": t for i, t in enumerate(self.downlink)})
         return {k: p.init_state(theta, num_clients) for k, p in parts.items()}
 
     def broadcast(self, state: dict, theta: torch.Tensor) -> dict:

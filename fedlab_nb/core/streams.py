@@ -23,4 +23,5 @@ BATCHES = register_stream("batches", 2)        # each client's mini-batch order
 STRAGGLE = register_stream("straggle", 3)      # which clients straggle, and how much work they do
 ATTACK = register_stream("attack", 4)          # randomness of Byzantine messages
 GAS_SPLIT = register_stream("gas_split", 5)    # GAS's random coordinate split
-TRANSFORM = register_stream("transform", 6)    # randomness of uplink/downlink transforms (DP noise, QSGD ...)
+TRANSFORM = register_stream("transform", 6)    # randomness of uplink transforms (DP noise, QSGD ...)
+DOWNLINK = register_stream("downlink", 7)      # randomness of downlink (server → client) compression

@@ -17,7 +17,7 @@ import torch
 
 from ..core.messages import Messages, dense_bytes
 from ..core.method import ClientUpdate, Method, RoundInfo
-from ..core.streams import ATTACK, BATCHES, SAMPLE, STRAGGLE, TRANSFORM
+from ..core.streams import ATTACK, BATCHES, DOWNLINK, SAMPLE, STRAGGLE, TRANSFORM
 from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
 from ..utils import check_positive_int, rng
@@ -223,10 +223,22 @@ def uplink(s: RoundSetup, r: int, msgs: Messages, cstate: dict, byz: torch.Tenso
     return msgs, cstate
 
 
+def downlink(s: RoundSetup, r: int, state: dict, down: dict) -> tuple[dict, dict, int]:
+    """The method's downlink steps on the broadcast θ (each keeps its server state in `state["downlink{i}"]`);
+    returns (what the clients receive, state, measured bytes of θ's payload per client)."""
+    theta_bytes = dense_bytes({"theta": down["theta"]})
+    for i, step in enumerate(s.method.downlink):
+        g = torch.Generator(device="cpu").manual_seed(int(rng(s.cfg.seed, DOWNLINK, r, i).integers(2**62)))
+        received, state[f"downlink{i}"], theta_bytes = step(down["theta"], state[f"downlink{i}"], g)
+        down = {**down, "theta": received}
+    return down, state, int(theta_bytes)
+
+
 def run_round(s: RoundSetup, state: dict, theta: torch.Tensor, store: ClientStore, ids, r: int, attack, byz_all):
     """One round after sampling; returns (θ, state, row entries: train_loss, bytes_up, bytes_down)."""
     dev = theta.device
     down = s.method.broadcast(state, theta)
+    down, state, theta_bytes = downlink(s, r, state, down)
     cstate = store.gather(ids, dev)
     entries, cstate, losses, jobs = client_round(s, r, ids, down, cstate)
     msgs = Messages(entries, np.asarray(ids))
@@ -238,7 +250,8 @@ def run_round(s: RoundSetup, state: dict, theta: torch.Tensor, store: ClientStor
     sizes = torch.tensor([float(len(j.y)) for j in jobs], device=dev, dtype=fdt)
     steps = torch.tensor([float(len(j.batches)) for j in jobs], device=dev, dtype=fdt)
     info = RoundInfo(r, np.asarray(ids), sizes, steps, s.fed.num_clients, s.cfg.lr, theta, msgs, s.cfg.seed)
-    wire = {"bytes_up": int(msgs.wire_bytes().sum()), "bytes_down": len(ids) * dense_bytes(down)}
+    others = dense_bytes({k: v for k, v in down.items() if k != "theta"})
+    wire = {"bytes_up": int(msgs.wire_bytes().sum()), "bytes_down": len(ids) * (theta_bytes + others)}
     theta, state, loss = server_update(s.method, state, theta, info, msgs, losses, s.cfg.on_nonfinite, s.groups)
     return theta, state, {"train_loss": loss, **wire, **s.method.round_metrics(state)}
 
