@@ -164,13 +164,14 @@ def _execute(paper: Paper, scale: str, params: dict, out_dir: Path, progress: bo
     # the kernel must import the same fedlab_nb as we do, installed or not
     pythonpath = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p)
     error, start = None, time.perf_counter()
+    kernel_log = out_dir / f"{paper.id}-{scale}.kernel.log"  # the kernel process's own messages, not the cells'
     with _environment(**{RUN_DIR_ENV: str(run_dir.resolve()), ROOT_ENV: str(paper.root.resolve()),
                          "PYTHONPATH": pythonpath}), _quiet_papermill(), tempfile.TemporaryDirectory(
                              prefix="fedlab_nb_kernel_") as sockets:
         try:
             papermill.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=KERNEL,
                                        cwd=str(notebook.parent), progress_bar=progress, log_output=False,
-                                       kernel_manager_class=_ipc_kernel_manager(sockets))
+                                       kernel_manager_class=_ipc_kernel_manager(sockets, kernel_log))
         except papermill.PapermillExecutionError as e:
             error = {"cell": e.cell_index, "execution_count": e.exec_count, "ename": e.ename,
                      "evalue": str(e.evalue)}
@@ -182,9 +183,10 @@ def _execute(paper: Paper, scale: str, params: dict, out_dir: Path, progress: bo
             "error": error, "wall_seconds": round(time.perf_counter() - start, 2)}
 
 
-def _ipc_kernel_manager(folder: str):
+def _ipc_kernel_manager(folder: str, log: Path | None = None):
     """A kernel manager on IPC sockets in `folder`: local only, and the kernel does not print its "running
-    over TCP without encryption" warning into every run's output."""
+    over TCP without encryption" warning into every run's output. The kernel process's own log (its
+    shutdown "KeyboardInterrupt caught" line ...) goes to `log`, not the terminal; cell output is unaffected."""
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
@@ -196,6 +198,11 @@ def _ipc_kernel_manager(folder: str):
         @default("ip")
         def _default_ip(self):
             return os.path.join(folder, "kernel")
+
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            if log is not None:
+                kw.setdefault("stderr", open(log, "wb"))  # noqa: SIM115 (the kernel process owns it)
+            return await super()._async_launch_kernel(kernel_cmd, **kw)
     return IPCKernelManager
 
 
