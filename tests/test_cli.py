@@ -200,3 +200,18 @@ def test_lab_works_on_copies_of_the_notebooks(repo, capsys):
     copy.write_text("{}")  # the user's changes survive a second start, --fresh replaces them
     assert main(args + ["lab", "--dry-run"]) == 0 and copy.read_text() == "{}"
     assert main(args + ["lab", "--dry-run", "--fresh"]) == 0 and copy.read_text() != "{}"
+
+
+@pytest.mark.notebook
+def test_kernel_process_messages_go_to_a_log_not_the_terminal(tmp_path, capfd):
+    import nbformat
+    root = make_root(tmp_path)
+    path = root / "notebooks" / "tiny.ipynb"
+    nb = nbformat.read(str(path), as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("import os; os.write(2, b'KERNEL-PROCESS-STDERR\\n')"))
+    nbformat.write(nb, str(path))
+    assert main(["--root", str(root), "--results", str(tmp_path / "results"), "reproduce", "tiny"]) == 0
+    captured = capfd.readouterr()
+    assert "KERNEL-PROCESS-STDERR" not in captured.err + captured.out
+    assert "running over TCP" not in captured.err
+    assert "KERNEL-PROCESS-STDERR" in (tmp_path / "results" / "tiny-smoke.kernel.log").read_text()
