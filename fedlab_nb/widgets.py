@@ -100,12 +100,23 @@ def _label(values: dict) -> str:
     return f"{values['method']} · {values['dataset']} · {part}{knob} · seed {values['seed']}"
 
 
-def plot_runs(runs: list[tuple[str, History]]):
-    """Test accuracy and training loss per round, one line per (label, History); returns the Figure."""
+COMPARED = ("clients", "clients_per_round", "local_epochs", "rounds", "model", "lr", "mu")  # knobs not in _label
+
+
+def run_labels(values: list[dict]) -> list[str]:
+    """Legend labels for kept runs: `_label` plus every other knob whose value differs between the runs, so two
+    runs never read the same."""
+    differ = [k for k in COMPARED if len({repr(v.get(k)) for v in values}) > 1]
+    return [_label(v) + "".join(f" · {k}={v.get(k)}" for k in differ) for v in values]
+
+
+def plot_runs(runs: list[tuple]):
+    """Test accuracy and training loss per round, one line per (label, History[, colour]); returns the Figure.
+    A run keeps its colour while it is kept (the explorer passes the colour it got when it ran)."""
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(9, 3.2))
-    for i, (label, hist) in enumerate(runs):
+    for i, (label, hist, *colour) in enumerate(runs):
         latest = i == len(runs) - 1  # earlier runs stay as faint lines for comparison
-        style = dict(lw=2 if latest else 1, alpha=1.0 if latest else 0.45)
+        style = dict(lw=2 if latest else 1, alpha=1.0 if latest else 0.45, color=colour[0] if colour else f"C{i % 10}")
         h = hist.dropna(subset=["test_acc"])
         acc_ax.plot(h["round"], h["test_acc"], label=label, **style)
         loss_ax.plot(hist["round"], hist["train_loss"], **style)
@@ -157,6 +168,8 @@ class Explorer(w.VBox):
         self.output = w.Output()
         self.history, self.figure, self.error, self.runs = None, None, None, []
         self.button.on_click(lambda _: self.run())
+        self.controls["clients_per_round"].max = self.controls["clients"].value
+        self.controls["clients"].observe(self._limit_per_round, names="value")
         for control in self.controls.values():
             control.observe(self._changed, names="value")
         names = list(self.controls)
@@ -166,6 +179,13 @@ class Explorer(w.VBox):
         super().__init__([w.HBox([left, right]), bar, self.output])
         if run_now:
             self.run()
+
+    def _limit_per_round(self, change):
+        """The clients-per-round slider never goes past the number of clients."""
+        per_round = self.controls["clients_per_round"]
+        if per_round.value > change["new"]:
+            per_round.value = change["new"]
+        per_round.max = change["new"]
 
     def values(self) -> dict:
         return {**{name: c.value for name, c in self.controls.items()}, **self.fixed, "device": self.device}
@@ -186,8 +206,10 @@ class Explorer(w.VBox):
             return None
         self.error = None
         self.history = hist
-        self.runs = (self.runs if self.keep.value else [])[-5:] + [(_label(values), hist)]
-        fig = plot_runs(self.runs)
+        self._count = getattr(self, "_count", 0) + 1
+        self.runs = (self.runs if self.keep.value else [])[-5:] + [(values, hist, f"C{(self._count - 1) % 10}")]
+        labels = run_labels([v for v, _, _ in self.runs])
+        fig = plot_runs([(label, h, c) for label, (_, h, c) in zip(labels, self.runs)])
         with self.output:
             self.output.clear_output(wait=True)
             display(fig)

@@ -87,14 +87,24 @@ def test_widget_button_and_manual_mode():
     assert isinstance(box.history, History) and box.history.meta["seed"] == 1
 
 
-def test_widget_shows_bad_combination_and_keeps_last_plot():
+def test_clients_per_round_slider_never_passes_the_clients():
     box = explore(**SMALL)
-    good = box.history
     box.controls["clients_per_round"].value = 6
-    box.controls["clients"].value = 4  # fewer clients than clients per round
-    assert box.error is not None and "clients_per_round=6 exceeds clients=4" in box.error
-    assert "exceeds" in box.status.value
-    assert box.history is good or box.history.meta["clients"] == 6
+    box.controls["clients"].value = 4  # the per-round slider follows: 4 at most, and the run is valid
+    assert box.controls["clients_per_round"].value == 4 and box.controls["clients_per_round"].max == 4
+    assert box.error is None and box.history.meta["clients"] == 4
+
+
+def test_kept_runs_name_the_knob_that_changed_and_keep_their_colour():
+    box = explore(**SMALL)
+    box.keep.value = True
+    box.controls["local_epochs"].value = 2
+    labels = [t.get_text() for t in box.figure.axes[0].get_legend().get_texts()]
+    assert len(set(labels)) == 2 and "local_epochs=1" in labels[0] and "local_epochs=2" in labels[1]
+    first = box.figure.axes[0].lines[0].get_color()
+    box.controls["rounds"].value = 3
+    assert box.figure.axes[0].lines[0].get_color() == first  # the oldest run kept its colour
+    assert len({line.get_color() for line in box.figure.axes[0].lines}) == 3
 
 
 def test_explore_rejects_bad_initial_values():
