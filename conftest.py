@@ -50,7 +50,7 @@ class ClaimsItem(pytest.Item):
         from fedlab_nb.repro.claims import load_paper
         from fedlab_nb.repro.runner import build_parameters, content_hash, judge_run, mismatches
         nbfile = self.parent
-        if getattr(nbfile, "_fedlab_failed", False):
+        if nbfile.nodeid in _failed:
             pytest.skip("a cell of this notebook failed; nbval reports it")
         paper = load_paper(self.paper_id, ROOT)
         for module in paper.requires:
@@ -129,9 +129,3 @@ def pytest_runtest_logreport(report):
 
 
 _failed: set = set()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item):
-    if isinstance(item, ClaimsItem) and item.parent.nodeid in _failed:
-        item.parent._fedlab_failed = True

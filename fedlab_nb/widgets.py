@@ -167,6 +167,7 @@ class Explorer(w.VBox):
         self.status = w.HTML()
         self.output = w.Output()
         self.history, self.figure, self.error, self.runs = None, None, None, []
+        self._count = 0  # runs so far: a run's colour is fixed when it runs
         self.button.on_click(lambda _: self.run())
         self.controls["clients_per_round"].max = self.controls["clients"].value
         self.controls["clients"].observe(self._limit_per_round, names="value")
@@ -206,7 +207,7 @@ class Explorer(w.VBox):
             return None
         self.error = None
         self.history = hist
-        self._count = getattr(self, "_count", 0) + 1
+        self._count += 1
         self.runs = (self.runs if self.keep.value else [])[-5:] + [(values, hist, f"C{(self._count - 1) % 10}")]
         labels = run_labels([v for v, _, _ in self.runs])
         fig = plot_runs([(label, h, c) for label, (_, h, c) in zip(labels, self.runs)])
