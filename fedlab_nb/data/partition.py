@@ -216,8 +216,40 @@ def natural(groups, n_clients: int | None = None, min_size: int = 1) -> Partitio
     return Partition(parts, name="natural")
 
 
+def long_tail(labels, n_clients: int, imbalance_ratio: float = 100.0, alpha: float = 0.5, seed: int = 0,
+              min_size: int = 10, n_max: int | None = None) -> Partition:
+    """Federated long-tailed data (Fed-LT): the pooled data are first made long-tailed, then split with
+    Dirichlet(α) label skew. Class c (the c-th label in sorted order) keeps
+        n_c = floor(n_max · ρ^(−c/(C−1))),   ρ = imbalance_ratio = n_max / n_min,
+    random samples (the exponential profile of Cao et al. 2019's CIFAR-LT; FedLoGe's "IF" is 1/ρ); the
+    rest of the data set is left out. `n_max` defaults to the smallest class count, so every class can
+    supply its share; ρ = 1 keeps the classes balanced."""
+    rho = _number("imbalance_ratio", imbalance_ratio, 1, "100 (n_max / n_min; 1 = balanced)", strict=False)
+    _number("alpha", alpha, 0, "0.5 (smaller = more skewed; large = near IID)")
+    labels = _keys(labels, "labels")
+    classes = np.unique(labels)
+    if len(classes) < 2:
+        raise ValueError(f"long_tail needs at least 2 classes, got {len(classes)}; use iid or dirichlet instead")
+    available = np.array([(labels == c).sum() for c in classes])
+    n_max = int(available.min()) if n_max is None else _count("n_max", n_max, str(int(available.min())))
+    counts = np.floor(n_max * rho ** (-np.arange(len(classes)) / (len(classes) - 1)) + 1e-9).astype(int)
+    short = np.flatnonzero(counts > available)
+    if len(short):
+        raise ValueError(f"n_max={n_max} asks class {classes[short[0]]} for {counts[short[0]]} samples but it has "
+                         f"{available[short[0]]}; use n_max <= {int(available.min())}")
+    if counts[-1] < 1:
+        raise ValueError(f"imbalance_ratio={imbalance_ratio} leaves the tail class with 0 of n_max={n_max} samples; "
+                         f"use imbalance_ratio <= {n_max}")
+    g = np.random.default_rng([seed, 46])  # its own stream: the subsample does not shift the Dirichlet draws
+    kept = np.sort(np.concatenate([g.choice(np.flatnonzero(labels == c), n, replace=False)
+                                   for c, n in zip(classes, counts)]))
+    parts = dirichlet(labels[kept], n_clients, alpha, seed=seed, min_size=min_size)
+    return Partition([kept[p] for p in parts], name=f"long_tail({rho:g}, {alpha})")
+
+
 PARTITIONERS = {"iid": iid, "dirichlet": dirichlet, "shards": shards, "pathological": pathological,
-                "quantity_skew": quantity_skew, "feature_skew": feature_skew, "natural": natural}
+                "quantity_skew": quantity_skew, "feature_skew": feature_skew, "natural": natural,
+                "long_tail": long_tail}
 
 
 def make_partition(name: str, labels, n_clients: int, **kwargs) -> Partition:

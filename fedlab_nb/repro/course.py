@@ -105,16 +105,29 @@ LESSONS = (
             "SuperNodes, and check it matches the in-process run"),
            "bits and bytes; low-rank matrices; processes and ports; a terminal"),
     Lesson("personalisation", "Personalised federated learning",
-           ("personalisation_baselines", "personalisation_more", "clustered_fl"), ("basics", "heterogeneity"),
+           ("personalisation_baselines", "personalisation_more", "clustered_fl", "apfl", "self_fl", "pgfed",
+            "fedselect", "inco", "fedloge", "fot"), ("basics", "heterogeneity"),
            ("evaluate every client's own model on its own test split, next to the global model (one honest "
             "protocol)",
             "compare fine-tuning, shared bodies with local heads (FedPer, FedRep, FedBABU, LG-FedAvg), regularised "
             "personal models (Ditto, pFedMe) and meta-learning (Per-FedAvg)",
-            "recover hidden client groups with IFCA and CFL, and when clustering beats one global model"),
+            "recover hidden client groups with IFCA and CFL, and when clustering beats one global model",
+            "mix a local and the global model with a learned weight (APFL) and shrink local estimates towards the "
+            "global one by their uncertainty, exactly on a Gaussian model first (Self-FL)",
+            "personalise each client's global objective with a first-order picture of the others' risks (PGFed) "
+            "and choose which parameters to personalise by how much they move (FedSelect)",
+            "train clients of different depths together and use shallow-layer gradients for the deep layers (InCo)",
+            "learn under long-tailed data with a fixed ETF classifier and local and generic heads (FedLoGe)",
+            "learn a sequence of tasks without forgetting by projecting updates away from old tasks' activation "
+            "subspaces (FOT)"),
            "train / validation / test splits; transfer learning"),
-    Lesson("bilevel", "Bilevel federated optimisation", (), ("personalisation",),
+    Lesson("bilevel", "Bilevel federated optimisation", ("fedmbo", "dsbo"), ("personalisation",),
            ("see personalisation as a bilevel problem: pFedMe's Moreau envelope and Per-FedAvg's MAML step "
-            "(lesson 'personalisation') are its first examples",),
+            "(lesson 'personalisation') are its first examples",
+            "estimate a federated hypergradient without bias under non-IID clients, and measure a linear speedup "
+            "in the clients per round as a slope (FedMBO)",
+            "solve a bilevel problem on a graph without a server, with gossip and Hessian-vector products only, "
+            "and measure why that scales linearly in the inner dimension (DSBO)"),
            "implicit differentiation; hypergradients"),
 )
 
