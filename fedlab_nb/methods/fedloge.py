@@ -47,7 +47,7 @@ from ..core.registry import register
 from ..core.streams import register_stream
 from ..models import param_spec, representation, unflatten
 from ..utils import rng
-from .fedrod import head_slice
+from .fedrod import head_slice, train_extended
 from .heads import last_layer
 
 SSE_C = register_stream("fedloge_sse_c", 46)   # the random frame U and the sparsity mask of the SSE-C
@@ -169,20 +169,10 @@ class FedLoGeClient(ClientUpdate):
         grad_fn = grad_and_value(total, has_aux=True)
         W, L, losses = [], [], []
         for i, job in enumerate(jobs):
-            v = torch.cat([theta, cstate["lhead"][i].to(theta.device)])
-            state = {n: torch.zeros_like(v) for n in opt.state_names()}
-            run = theta.new_zeros(())
-            for t, idx in enumerate(job.batches, 1):
-                idx = torch.as_tensor(idx, device=theta.device)
-                g, (_, lb) = grad_fn(v, job.x[idx], job.y[idx])
-                if opt.plain:
-                    v = v - lr * g
-                else:
-                    opt.step_(v, g, state, torch.tensor(t), lr)
-                run += lb.detach()
+            v, loss = train_extended(torch.cat([theta, cstate["lhead"][i].to(theta.device)]), job, grad_fn, opt, lr)
             W.append(v[:d])
             L.append(v[d:])
-            losses.append(run / max(len(job.batches), 1))
+            losses.append(loss)
         counts = torch.stack([torch.bincount(j.y, minlength=setup.fed.num_classes).to(theta) for j in jobs])
         return {"delta": torch.stack(W) - theta}, {"lhead": torch.stack(L), "counts": counts}, torch.stack(losses)
 

@@ -49,13 +49,30 @@ def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, log_prior: torc
     return F.cross_entropy(logits + log_prior, y)
 
 
+def train_extended(v: torch.Tensor, job, grad_fn, opt, lr: float, *extra) -> tuple[torch.Tensor, torch.Tensor]:
+    """One client's local steps on v = [θ, its extra head]: `grad_fn(v, x, y, *extra)` returns (g, (_, loss));
+    returns the trained v and the mean mini-batch loss (shared by FedRoD and FedLoGe)."""
+    state = {n: torch.zeros_like(v) for n in opt.state_names()}
+    run = v.new_zeros(())
+    for t, idx in enumerate(job.batches, 1):
+        idx = torch.as_tensor(idx, device=v.device)
+        g, (_, loss) = grad_fn(v, job.x[idx], job.y[idx], *extra)
+        if opt.plain:
+            v = v - lr * g
+        else:
+            opt.step_(v, g, state, torch.tensor(t), lr)
+        run += loss.detach()
+    return v, run / max(len(job.batches), 1)
+
+
 def head_slice(spec) -> tuple[slice, tuple, tuple]:
     """(flat slice of the last layer's weight and bias, weight shape, bias shape); the last layer must be
     one linear layer (weight [C, h] then bias [C]) at the end of the flat vector."""
     names = last_layer(spec)
     shapes = dict(spec)
     if len(names) != 2 or len(shapes[names[0]]) != 2 or len(shapes[names[1]]) != 1 or [n for n, _ in spec[-2:]] != list(names):
-        raise ValueError(f"FedRoD needs a model whose last layer is one linear layer (weight, bias); got {names}")
+        raise ValueError(f"this method (a personal head on the last layer: FedRoD, FedLoGe) needs a model whose last layer "
+                         f"is one linear layer (weight, bias); got {names}")
     n = sum(int(np.prod(shapes[k])) for k in names)
     d = sum(int(np.prod(s)) for _, s in spec)
     return slice(d - n, d), tuple(shapes[names[0]]), tuple(shapes[names[1]])
@@ -93,20 +110,11 @@ class FedRoDClient(ClientUpdate):
         W, P, losses = [], [], []
         for i, job in enumerate(jobs):
             log_prior = class_log_prior(job.y, setup.fed.num_classes).to(theta.device)
-            v = torch.cat([theta, cstate["phead"][i].to(theta.device)])
-            state = {n: torch.zeros_like(v) for n in opt.state_names()}
-            run = theta.new_zeros(())
-            for t, idx in enumerate(job.batches, 1):
-                idx = torch.as_tensor(idx, device=theta.device)
-                g, (_, lg) = grad_fn(v, job.x[idx], job.y[idx], log_prior)
-                if opt.plain:
-                    v = v - lr * g
-                else:
-                    opt.step_(v, g, state, torch.tensor(t), lr)
-                run += lg.detach()
+            v, loss = train_extended(torch.cat([theta, cstate["phead"][i].to(theta.device)]), job, grad_fn, opt,
+                                     lr, log_prior)
             W.append(v[:d])
             P.append(v[d:])
-            losses.append(run / max(len(job.batches), 1))
+            losses.append(loss)
         W = torch.stack(W)
         return {"delta": W - theta}, {"phead": torch.stack(P)}, torch.stack(losses)
 

@@ -106,7 +106,7 @@ LESSONS = (
            "bits and bytes; low-rank matrices; processes and ports; a terminal"),
     Lesson("personalisation", "Personalised federated learning",
            ("personalisation_baselines", "personalisation_more", "clustered_fl", "apfl", "self_fl", "pgfed",
-            "fedselect", "inco", "fedloge", "fot"), ("basics", "heterogeneity"),
+            "fedselect", "inco", "fedloge", "fot", "ggeur"), ("basics", "heterogeneity"),
            ("evaluate every client's own model on its own test split, next to the global model (one honest "
             "protocol)",
             "compare fine-tuning, shared bodies with local heads (FedPer, FedRep, FedBABU, LG-FedAvg), regularised "
@@ -119,11 +119,18 @@ LESSONS = (
             "train clients of different depths together and use shallow-layer gradients for the deep layers (InCo)",
             "learn under long-tailed data with a fixed ETF classifier and local and generic heads (FedLoGe)",
             "learn a sequence of tasks without forgetting by projecting updates away from old tasks' activation "
-            "subspaces (FOT)"),
+            "subspaces (FOT)",
+            "pool per-class covariances from client statistics exactly and augment embeddings along them under "
+            "label and domain skew (GGEUR)"),
            "train / validation / test splits; transfer learning"),
-    Lesson("bilevel", "Bilevel federated optimisation", ("fedmbo", "dsbo"), ("personalisation",),
+    Lesson("bilevel", "Bilevel federated optimisation",
+           ("hypergradients", "pbgd", "warm_cold_start", "fedmbo", "dsbo"), ("personalisation",),
            ("see personalisation as a bilevel problem: pFedMe's Moreau envelope and Per-FedAvg's MAML step "
             "(lesson 'personalisation') are its first examples",
+            "compute hypergradients three ways — unrolled, truncated back-propagation, implicit (CG, Neumann) — "
+            "and check each against a closed form in float64",
+            "replace the bilevel problem by a penalty (PBGD) and measure its O(1/γ) gap; see warm and cold starts "
+            "reach different solutions of an under-determined inner problem",
             "estimate a federated hypergradient without bias under non-IID clients, and measure a linear speedup "
             "in the clients per round as a slope (FedMBO)",
             "solve a bilevel problem on a graph without a server, with gossip and Hessian-vector products only, "
