@@ -72,9 +72,14 @@ LESSONS = (
             "compare MOON's contrastive loss and FedDyn's dynamic regulariser with them under Dirichlet(0.1)",
             "see feature shift as non-IID data too, and why FedBN's local BatchNorm statistics absorb it"),
            "gradient descent with momentum and Adam; BatchNorm"),
-    Lesson("weights", "Aggregation weights and participation", ("fedau", "afl"), ("basics",),
+    Lesson("weights", "Aggregation weights and participation",
+           ("fedau", "afl", "feddisco", "ida", "ldawa"), ("basics",),
            ("see why averaging whoever shows up biases FedAvg, and how FedAU's participation intervals remove it",
-            "derive a closed-form (analytic) federated solution whose aggregate does not depend on the split"),
+            "derive a closed-form (analytic) federated solution whose aggregate does not depend on the split",
+            "weight clients by how far their label distribution is from the global one (FedDisco), by their "
+            "distance to the mean model (IDA) and layer by layer by their angle to the global model (L-DAWA)",
+            "learn a global shrinking factor and the relative weights on a server proxy set (FedLAW), and read "
+            "it as a small bilevel problem"),
            "least squares / ridge regression; expectations of random sampling"),
     Lesson("robustness", "Byzantine clients and robust aggregation",
            ("robust_aggregation", "gas", "centered_clipping", "flag_aggregator", "frl"), ("basics", "heterogeneity"),
