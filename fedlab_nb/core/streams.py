@@ -25,3 +25,4 @@ ATTACK = register_stream("attack", 4)          # randomness of Byzantine message
 GAS_SPLIT = register_stream("gas_split", 5)    # GAS's random coordinate split
 TRANSFORM = register_stream("transform", 6)    # randomness of uplink transforms (DP noise, QSGD ...)
 DOWNLINK = register_stream("downlink", 7)      # randomness of downlink (server → client) compression
+POISON = register_stream("poison", 8)          # which rows a data-poisoning client alters in a round

@@ -17,9 +17,10 @@ import torch
 
 from ..core.messages import Messages, dense_bytes
 from ..core.method import ClientUpdate, Method, RoundInfo
-from ..core.streams import ATTACK, BATCHES, DOWNLINK, SAMPLE, STRAGGLE, TRANSFORM
+from ..core.streams import ATTACK, BATCHES, DOWNLINK, POISON, SAMPLE, STRAGGLE, TRANSFORM
 from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
+from ..poison import check_poison
 from ..utils import check_positive_int, rng
 from .checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
@@ -95,6 +96,9 @@ def local_job(fed: FederatedDataset, k: int, cfg: RunConfig, rnd: int, ctx: torc
     extra training track (`track` > 0, e.g. Ditto's personal steps) gets its own keyed schedule; `epochs`
     (a track's own passes, e.g. FedRep's head epochs) replaces the run's E and local_steps."""
     x, y = fed.client_train[k]
+    poison = cfg.extra.get("poison")
+    if poison is not None and k in poison.clients:  # data poisoning: this round's rows of this client, keyed
+        x, y = poison(k, rnd, x, y, rng(cfg.seed, POISON, rnd, k))
     g = rng(cfg.seed, BATCHES, rnd, k) if track == 0 else rng(cfg.seed, BATCHES, rnd, k, track)
     steps = steps or (None if epochs else cfg.local_steps)
     batches = batch_schedule(len(y), cfg.batch_size, epochs or cfg.local_epochs, steps, g)
@@ -324,7 +328,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
              drop_stragglers: bool = False, backend: str = "auto", device=None, checkpoint: str | Path | None = None,
              resume: bool = False, progress: bool = True, on_nonfinite: str = "raise", attack: Callable | None = None,
              byzantine=(), model_kwargs: dict | None = None, callback: Callable | None = None, loss=None,
-             store_device="cpu") -> History:
+             store_device="cpu", poison=None) -> History:
     """Run a federated `Method` on a `FederatedDataset` and return its `History` (`fedlab_nb.simulate`
     also accepts a method's name).
 
@@ -336,7 +340,8 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     non-classification objective (default cross-entropy). `checkpoint`: a file written atomically after
     every round; `resume=True` continues from it (also in a new process) and ends with the same History as
     an uninterrupted run. `callback(round, theta, row)` is called after each round. `store_device`: where
-    the per-client state of all K clients lives."""
+    the per-client state of all K clients lives. `poison` (fedlab_nb.poison: LabelFlip, PixelTrigger ...)
+    transforms the training rows of `poison.clients` in every round; its `evaluate` adds History columns."""
     if not isinstance(method, Method):
         raise TypeError(f"method must be a fedlab_nb Method, got {type(method).__name__}; use fedlab_nb.simulate "
                         "(or fedlab_nb.get_method) to build one from a name")
@@ -346,6 +351,9 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
                     local_steps, batch_size, lr, seed, eval_every, stragglers, drop_stragglers, backend, on_nonfinite,
                     byzantine_ids(byzantine))
     cfg.validate(fed.num_clients)
+    if poison is not None:
+        check_poison(poison, fed.num_clients)
+        cfg.extra["poison"] = poison
     if device is not None:
         fed.to(device)
     dev = fed.device
@@ -384,6 +392,8 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
             row.update(out)
         if (r + 1) % eval_every == 0 or r + 1 == rounds:
             row.update(evaluator(theta, *personal_models(setup, r, theta, store, state)))
+            if hasattr(poison, "evaluate"):
+                row.update(poison.evaluate(model, theta, fed))
         rows.append(row)
         if ckpt:
             save_checkpoint(ckpt, {"round": r, "theta": theta, "state": state, "rows": rows, "fingerprint": run_id,

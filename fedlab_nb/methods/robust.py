@@ -25,6 +25,7 @@ from ..robust.rules import RULES, centered_clip, gas, get_rule
 from ..core.messages import Transform
 from ..core.registry import register
 from ..core.streams import GAS_SPLIT
+from ..poison import LabelFlip
 from ..engine import simulate
 from ..utils import rng
 from .base import LocalObjective, Method, ServerSGD, UniformWeighting
@@ -163,7 +164,8 @@ class LabelFlippedDataset(FederatedDataset):
 
 
 def flip_client_labels(fed: FederatedDataset, byzantine) -> LabelFlippedDataset:
-    """Label-flip data poisoning for `simulate`: a copy of `fed` where clients `byzantine` flip labels."""
+    """A copy of `fed` where clients `byzantine` flip labels, for code that reads the data directly;
+    `simulate(..., poison=fedlab_nb.poison.LabelFlip(byzantine, C))` does the same without a copy."""
     return LabelFlippedDataset(fed, byzantine)
 
 
@@ -198,12 +200,12 @@ def run_attack(rule: str, attack: str, fed: FederatedDataset, byzantine, *, f: i
         method = robust_method("mean", momentum=momentum, seed=seed)
         simulate_kwargs["clients_per_round"] = honest_sampler(byzantine, fed.num_clients)
         return simulate(method, fed, seed=seed, **simulate_kwargs)
-    model_attack = None
-    if attack == "label_flip":
-        fed = flip_client_labels(fed, byzantine)
+    model_attack, poison = None, None
+    if attack == "label_flip":  # data poisoning through the engine's hook: no copy of the data set
+        poison = LabelFlip(byzantine, fed.num_classes)
     elif attack != "none":
         hyper = attack_hyper if attack_hyper is not None else DEFAULT_ATTACK_HYPER.get(attack, {})
         model_attack = get_attack(attack, **hyper)
     method = robust_method(rule, f, momentum=momentum, seed=seed, **(rule_hyper or {}))
     return simulate(method, fed, seed=seed, attack=model_attack, byzantine=byzantine if model_attack else (),
-                    **simulate_kwargs)
+                    poison=poison, **simulate_kwargs)
