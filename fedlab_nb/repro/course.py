@@ -73,20 +73,27 @@ LESSONS = (
             "see feature shift as non-IID data too, and why FedBN's local BatchNorm statistics absorb it"),
            "gradient descent with momentum and Adam; BatchNorm"),
     Lesson("weights", "Aggregation weights and participation",
-           ("fedau", "afl", "feddisco", "ida", "ldawa"), ("basics",),
+           ("fedau", "afl", "feddisco", "ida", "ldawa", "fedlaw", "fedgp", "aggregation_weights"),
+           ("basics",),
            ("see why averaging whoever shows up biases FedAvg, and how FedAU's participation intervals remove it",
             "derive a closed-form (analytic) federated solution whose aggregate does not depend on the split",
             "weight clients by how far their label distribution is from the global one (FedDisco), by their "
             "distance to the mean model (IDA) and layer by layer by their angle to the global model (L-DAWA)",
             "learn a global shrinking factor and the relative weights on a server proxy set (FedLAW), and read "
-            "it as a small bilevel problem"),
+            "it as a small bilevel problem",
+            "adapt to a target domain by projecting source updates onto the target's direction (FedGP), and "
+            "compare every weighting on one task"),
            "least squares / ridge regression; expectations of random sampling"),
     Lesson("robustness", "Byzantine clients and robust aggregation",
-           ("robust_aggregation", "gas", "centered_clipping", "flag_aggregator", "frl"), ("basics", "heterogeneity"),
+           ("robust_aggregation", "gas", "centered_clipping", "flag_aggregator", "frl", "fedcpa", "flip"),
+           ("basics", "heterogeneity"),
            ("run every robust rule (median, trimmed mean, Krum, Bulyan, geometric median, clipping) against "
             "six attacks, IID and non-IID",
             "explain why non-IID data breaks robust rules and how gradient splitting (GAS) and worker momentum help",
-            "compare subspace aggregation (flag median) and rank voting (FRL) with the classical rules"),
+            "compare subspace aggregation (flag median) and rank voting (FRL) with the classical rules",
+            "plant a backdoor through poisoned client data, measure its attack success rate, and defend by "
+            "comparing clients' critical parameters (FedCPA) or by hardening benign clients with inverted "
+            "triggers (FLIP)"),
            "medians and norms in high dimension"),
     Lesson("privacy", "Privacy: what leaks, and what protects",
            ("gradient_inversion", "cpa", "dp_fedavg", "secure_aggregation", "cpda", "aggregate_responses", "fedsvd"),
