@@ -90,18 +90,37 @@ def _prompts(page) -> list[str]:
     return page.eval_on_selector_all(".jp-CodeCell .jp-InputPrompt", "els => els.map(e => e.textContent)")
 
 
+def _dismiss_dialogs(page) -> list[str]:
+    """Accept any modal JupyterLab dialog (e.g. the kernel choice when the kernel starts slowly on a loaded
+    machine); it would intercept the menu clicks. Returns the dialogs' texts, for the failure message."""
+    seen = []
+    for dialog in page.locator(".jp-Dialog").all():
+        if dialog.is_visible():
+            seen.append(dialog.inner_text()[:200])
+            accept = dialog.locator(".jp-Dialog-button.jp-mod-accept")
+            accept.first.click() if accept.count() else page.keyboard.press("Escape")
+    return seen
+
+
 def _run_all_cells(page, tries: int = 4):
     """Run → Run All Cells; a click that lands before the kernel is connected does nothing, so try again."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    dialogs = []
     for _ in range(tries):
-        page.click("li.lm-MenuBar-item:has-text('Run')")
-        page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+        dialogs += _dismiss_dialogs(page)
+        try:
+            page.click("li.lm-MenuBar-item:has-text('Run')", timeout=15_000)
+            page.click(".lm-Menu-itemLabel:text-is('Run All Cells')", timeout=15_000)
+        except PlaywrightTimeout:  # a dialog opened in between: dismiss it and try again
+            continue
         for _ in range(20):
             if any("*" in p for p in _prompts(page)):
                 return
             time.sleep(1)
         page.keyboard.press("Escape")  # close the menu if the click did not land
     page.screenshot(path=str(SHOTS / "jupyterlab_not_started.png"))
-    pytest.fail("Run All Cells did not start the notebook (screenshot: results/screenshots/jupyterlab_not_started.png)")
+    pytest.fail("Run All Cells did not start the notebook (screenshot: results/screenshots/jupyterlab_not_started.png); "
+                f"dialogs dismissed: {dialogs}")
 
 
 def _wait_until_idle(page, timeout_s: float):
