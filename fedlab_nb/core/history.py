@@ -11,6 +11,12 @@ METRICS = ["round", "n_sampled", "train_loss", "test_loss", "test_acc", "client_
 # personal-model columns (personal_acc_mean/std/p10) appear for methods whose clients keep their own model
 
 
+def per_client_columns(**series) -> dict:
+    """History columns `<name><k>` for per-client vectors, e.g. per_client_columns(ida_w=w) -> {"ida_w0": ...}:
+    what a rule's `metrics(state)` returns to log one value per client each round (NaN where absent)."""
+    return {f"{name}{k}": float(v) for name, values in series.items() for k, v in enumerate(values)}
+
+
 class History(pd.DataFrame):
     """A DataFrame with columns `METRICS` (NaN where a round was not evaluated) and `.meta` (the run's
     configuration). `final("test_acc")` is the last evaluated value."""

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
+from ..core.history import per_client_columns
 from ..core.registry import register
 from ..core.streams import register_stream
 from ..models import param_spec, unflatten
@@ -148,9 +149,7 @@ class CriticalParameterRule:
         return agg, new
 
     def metrics(self, state: dict) -> dict:
-        out = {f"cpa_score{k}": float(v) for k, v in enumerate(state["score"])}
-        out.update({f"cpa_w{k}": float(v) for k, v in enumerate(state["w"])})
-        return out
+        return per_client_columns(cpa_score=state["score"], cpa_w=state["w"])
 
 
 @register("fedcpa", claims="fedcpa", notebook="fedcpa")

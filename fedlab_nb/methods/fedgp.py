@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..core.history import per_client_columns
 from ..core.registry import register
 from ..models import unflatten
 from .base import DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerSGD
@@ -182,9 +183,7 @@ class GradientProjectionRule:
         return out, new
 
     def metrics(self, state: dict) -> dict:
-        out = {f"gp_beta{k}": float(v) for k, v in enumerate(state["beta"])}
-        out.update({f"gp_cos{k}": float(v) for k, v in enumerate(state["cos"])})
-        return out
+        return per_client_columns(gp_beta=state["beta"], gp_cos=state["cos"])
 
 
 @register("fedgp", claims="fedgp", notebook="fedgp")

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from ..core.history import per_client_columns
 from ..core.registry import register
 from ..core.streams import register_stream
 from ..models import param_spec, unflatten
@@ -114,10 +115,8 @@ class ShrinkRule:
         return new
 
     def metrics(self, state: dict) -> dict:
-        out = {"gamma": float(state["gamma"]), "coherence": float(state["coherence"])}
-        out.update({f"lam{k}": float(v) for k, v in enumerate(state["lam"])})
-        out.update({f"local_coh{k}": float(v) for k, v in enumerate(state["local_coherence"])})
-        return out
+        return {"gamma": float(state["gamma"]), "coherence": float(state["coherence"]),
+                **per_client_columns(lam=state["lam"], local_coh=state["local_coherence"])}
 
 
 def proxy_loss(model: nn.Module, spec, theta, updates, g, l, x, y) -> torch.Tensor:

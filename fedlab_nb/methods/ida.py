@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core.history import per_client_columns
 from ..core.registry import register
 from .base import DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerSGD
 
@@ -72,9 +73,7 @@ class InverseDistanceRule:
         return alpha @ updates, new
 
     def metrics(self, state: dict) -> dict:
-        out = {f"ida_w{k}": float(v) for k, v in enumerate(state["w"])}
-        out.update({f"ida_dist{k}": float(v) for k, v in enumerate(state["dist"])})
-        return out
+        return per_client_columns(ida_w=state["w"], ida_dist=state["dist"])
 
 
 @register("ida", claims="ida", notebook="ida")
