@@ -94,6 +94,7 @@ def _registry() -> dict:
     import fedlab_nb.methods  # noqa: F401  (each method file registers itself)
     import fedlab_nb.privacy  # noqa: F401  (privacy defences and attacks register themselves too)
     import fedlab_nb.bilevel  # noqa: F401  (and the bilevel toolkit's notebooks)
+    import fedlab_nb.beyond  # noqa: F401  (and the aggregation-beyond-FL notebooks)
     from fedlab_nb.core.registry import REGISTRY
     try:
         importlib.import_module("fedlab_nb.flower")
