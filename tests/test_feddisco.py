@@ -95,3 +95,18 @@ def test_niid2_partition_is_the_official_split():
     assert len(np.unique(np.concatenate(parts))) == 600
     with pytest.raises(ValueError, match="10 classes"):
         niid2_partition(np.repeat(np.arange(4), 10))
+
+
+def test_niid2_is_a_named_partitioner():
+    import fedlab_nb as fl
+    from fedlab_nb.data import make_partition
+    from fedlab_nb.methods.feddisco import niid2_partition
+    labels = np.repeat(np.arange(10), 60)
+    named, direct = make_partition("niid2", labels, 6, seed=2), niid2_partition(labels, seed=2)
+    assert all(np.array_equal(a, b) for a, b in zip(named.parts if hasattr(named, "parts") else named,
+                                                       direct.parts if hasattr(direct, "parts") else direct))
+    assert fl.federate("digits", partition="niid2", n_clients=6, seed=0).num_clients == 6
+    with pytest.raises(ValueError, match="n_iid"):
+        make_partition("niid2", labels, 6, n_iid=6)
+    with pytest.raises(ValueError, match="multiple of 5"):
+        make_partition("niid2", labels, 7, n_iid=1)

@@ -247,9 +247,36 @@ def long_tail(labels, n_clients: int, imbalance_ratio: float = 100.0, alpha: flo
     return Partition([kept[p] for p in parts], name=f"long_tail({rho:g}, {alpha})")
 
 
+def niid2(labels, n_clients: int = 6, n_iid: int = 1, seed: int = 0) -> Partition:
+    """FedDisco's NIID-2 split (Ye et al., ICML 2023; official `partition_data`, "noniid-2", 10 classes): each
+    class is cut into n_clients shards; each of the n_clients − n_iid skewed clients takes 5 shards of two
+    classes (client i: classes 2i and 2i+1 mod 10), each of the n_iid IID clients one shard of every class. With
+    the defaults (5 skewed + 1 IID) the six clients have equal sizes, so FedAvg weighs the IID client like any
+    skewed one."""
+    labels = _keys(labels, "labels")
+    n_clients = _count("n_clients", n_clients, "6")
+    if isinstance(n_iid, bool) or not isinstance(n_iid, (int, np.integer)) or not 0 <= n_iid < n_clients:
+        raise ValueError(f"n_iid must be an integer in [0, n_clients), got {n_iid!r}; e.g. n_clients=6, n_iid=1")
+    n_skewed = n_clients - n_iid
+    classes = np.unique(labels)
+    if len(classes) != 10 or n_skewed % 5:
+        raise ValueError("niid2 needs 10 classes and n_clients − n_iid a positive multiple of 5 (the official "
+                         f"recipe), got {len(classes)} classes and {n_skewed} skewed clients; e.g. n_clients=6, n_iid=1")
+    g = np.random.default_rng(seed)
+    pieces = {c: np.array_split(g.permutation(np.flatnonzero(labels == c)), n_clients) for c in classes}
+    parts = []
+    for i in range(n_skewed):
+        block = slice(5 * (i // 5), 5 * (i // 5 + 1))   # skewed clients 0-4 share shards 0-4, 5-9 shards 5-9 ...
+        parts.append(np.concatenate([s for c in (classes[(2 * i) % 10], classes[(2 * i + 1) % 10])
+                                     for s in pieces[c][block]]))
+    for j in range(n_iid):
+        parts.append(np.concatenate([pieces[c][n_skewed + j] for c in classes]))
+    return Partition(parts, name=f"niid2({n_skewed}+{n_iid})")
+
+
 PARTITIONERS = {"iid": iid, "dirichlet": dirichlet, "shards": shards, "pathological": pathological,
                 "quantity_skew": quantity_skew, "feature_skew": feature_skew, "natural": natural,
-                "long_tail": long_tail}
+                "long_tail": long_tail, "niid2": niid2}
 
 
 def make_partition(name: str, labels, n_clients: int, **kwargs) -> Partition:

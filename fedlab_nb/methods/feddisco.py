@@ -127,22 +127,7 @@ def feddisco(fed=None, base: str | Method = "fedavg", a: float = 0.5, b: float =
 
 
 def niid2_partition(labels, n_skewed: int = 5, n_iid: int = 1, seed: int = 0):
-    """The paper's NIID-2 split (official `partition_data`, "noniid-2", 10 classes): each class is cut into
-    n_skewed + n_iid shards; skewed client i takes 5 shards of classes 2i and 2i+1 (mod 10), each IID client one
-    shard of every class. With the defaults the six clients have equal sizes, so FedAvg weighs the IID client like
-    any skewed one."""
-    from ..data.partition import Partition
-    labels = np.asarray(labels)
-    classes = np.unique(labels)
-    if len(classes) != 10 or n_skewed < 1 or n_iid < 0 or n_skewed % 5:
-        raise ValueError("niid2_partition needs 10 classes and n_skewed a positive multiple of 5 (official recipe)")
-    g = np.random.default_rng(seed)
-    shards = {c: np.array_split(g.permutation(np.flatnonzero(labels == c)), n_skewed + n_iid) for c in classes}
-    parts = []
-    for i in range(n_skewed):
-        block = slice(5 * (i // 5), 5 * (i // 5 + 1))   # skewed clients 0-4 share shards 0-4, 5-9 shards 5-9 ...
-        parts.append(np.concatenate([s for c in (classes[(2 * i) % 10], classes[(2 * i + 1) % 10])
-                                     for s in shards[c][block]]))
-    for j in range(n_iid):
-        parts.append(np.concatenate([shards[c][n_skewed + j] for c in classes]))
-    return Partition(parts, name=f"niid2({n_skewed}+{n_iid})")
+    """The paper's NIID-2 split with n_skewed skewed and n_iid IID clients: `data.partition.niid2`, also
+    reachable as `fl.federate(..., partition="niid2")`."""
+    from ..data.partition import niid2
+    return niid2(labels, n_skewed + n_iid, n_iid=n_iid, seed=seed)
