@@ -5,6 +5,11 @@
     flower Flower 1.42 simulation (`run_simulation`), only if `flwr` is importable
     limit  the compute limit: one centralised model trained on the same rows, m·B rows per step
            (the FLOPs of the round with no federation overhead)
+    floor  the roofline floor of the round on this machine, max(memory floor, FLOP floor):
+           memory: every local step of every client must read and write its own d weights and read its
+           batch, bytes / the bandwidth of a STREAM-like triad measured in the same run;
+           FLOPs: forward + backward FLOPs of every row (torch's FlopCounterMode on one batch) / the
+           FLOP rate of a large matrix product measured in the same run
 
     OMP_NUM_THREADS=1 python benchmarks/bench_backends.py [--tiny] [--device cpu|cuda] [--batch 10]
                                                           [--out benchmarks/results]
@@ -118,6 +123,42 @@ def run_limit(loss_fn, theta, jobs, lr, device, batch):
     return (*timed(train, device), False)
 
 
+def machine_peaks(device: torch.device, n: int = 8_000_000, size: int = 1024, reps: int = 5) -> tuple[float, float]:
+    """(bytes/s of a STREAM triad a = b + s·c on float32 arrays of n entries, FLOP/s of a size³ float32
+    matrix product), the best of `reps` each: the machine's achievable memory bandwidth and compute rate."""
+    b, c = torch.rand(n, device=device), torch.rand(n, device=device)
+    a = torch.empty_like(b)
+    x, y = torch.rand(size, size, device=device), torch.rand(size, size, device=device)
+    best_bw = best_fl = 0.0
+    for _ in range(reps):
+        wall = timed(lambda: torch.add(b, c, alpha=3.0, out=a), device)[0]
+        best_bw = max(best_bw, 3 * 4 * n / wall)           # read b, c; write a
+        wall = timed(lambda: torch.mm(x, y), device)[0]
+        best_fl = max(best_fl, 2 * size ** 3 / wall)
+    return best_bw, best_fl
+
+
+def flops_per_row(loss_fn, theta, job, batch) -> float:
+    """Forward + backward FLOPs of one training row (counted by torch on one batch of the model's step)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    idx = torch.as_tensor(job.batches[0][:batch], device=job.x.device)
+    with FlopCounterMode(display=False) as counter:
+        grad_and_value(loss_fn)(theta, job.x[idx], job.y[idx])
+    return counter.get_total_flops() / len(idx)
+
+
+def roofline_floor(loss_fn, theta, jobs, batch, device) -> dict:
+    """The seconds below which no backend can run this round here: max of the memory floor (each client's
+    distinct weights read + written at each of its steps, plus its rows read once) and the FLOP floor."""
+    bandwidth, flop_rate = machine_peaks(device)
+    d, features = theta.numel(), jobs[0].x[0].numel()
+    steps, rows = sum(len(j.batches) for j in jobs), sum(map(_rows, jobs))
+    memory = (steps * 2 * d * 4 + rows * features * 4) / bandwidth
+    compute = rows * flops_per_row(loss_fn, theta, jobs[0], batch) / flop_rate
+    return dict(memory_floor_s=memory, flop_floor_s=compute, floor_s=max(memory, compute),
+                bandwidth_gbs=bandwidth / 1e9, gflops=flop_rate / 1e9)
+
+
 def _rows(job) -> int:
     return sum(len(b) for b in job.batches)
 
@@ -190,6 +231,9 @@ def bench_workload(fed, dataset, model_label, batch, lr, device, max_loop_client
                "limit": run_limit(loss_fn, theta, jobs, lr, device, batch)}
     out = [dict(base, backend=b, seconds=wall, cpu_seconds=cpu, peak_rss_mb=rss, cuda_peak_mb=cuda, extrapolated=ex)
            for b, (wall, cpu, rss, cuda, ex) in results.items()]
+    floor = roofline_floor(loss_fn, theta, jobs, batch, device)
+    out.append(dict(base, backend="floor", seconds=floor["floor_s"], cpu_seconds=floor["floor_s"], peak_rss_mb=math.nan,
+                    cuda_peak_mb=math.nan, extrapolated=False, **floor))
     if flower and device.type == "cpu":
         seconds = run_flower(fed, model_name, model_kwargs, batch, lr)
         if seconds is not None:
@@ -205,7 +249,8 @@ def ratios(table: pd.DataFrame, cpu_time: bool) -> pd.DataFrame:
     key = ["dataset", "model", "clients"]
     wide = table.pivot_table(index=key, columns="backend", values="cpu_seconds" if cpu_time else "seconds")
     out = pd.DataFrame({"vmap_speedup_over_loop": wide["loop"] / wide["vmap"],
-                        "vmap_over_limit": wide["vmap"] / wide["limit"]})
+                        "vmap_over_limit": wide["vmap"] / wide["limit"],
+                        "vmap_over_floor": wide["vmap"] / wide["floor"]})
     if "flower" in set(table["backend"]):
         wall = table.pivot_table(index=key, columns="backend", values="seconds")
         out["vmap_speedup_over_flower"] = wall["flower"] / wall["vmap"]
@@ -218,7 +263,7 @@ def plot(table: pd.DataFrame, path: Path):
     import seaborn as sns
     grid = sns.catplot(data=table, x="clients", y="clients_per_s", hue="backend", col="model", kind="bar",
                        height=3.2, aspect=1.0,
-                       hue_order=[b for b in ("loop", "vmap", "flower", "limit") if b in set(table["backend"])])
+                       hue_order=[b for b in ("loop", "vmap", "flower", "limit", "floor") if b in set(table["backend"])])
     grid.set(yscale="log")
     grid.set_axis_labels("clients per round", "clients / s (log)")
     grid.figure.suptitle(f"one FedAvg round, 1 local epoch, batch {table['batch'].iloc[0]}, "
@@ -290,7 +335,7 @@ def main(argv=None) -> pd.DataFrame:
     rat = ratios(table, cpu_time=device.type == "cpu")
     if not args.tiny and importlib.util.find_spec("flwr") is None:
         print("Flower: skipped (flwr is not installed; pip install 'fedlab_nb[flower]')")
-    print(table.drop(columns=["device", "threads"]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(table.drop(columns=["device", "threads"], errors="ignore").to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(rat.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -153,15 +153,36 @@ def test_activation_estimate_grows_with_width():
     assert 0 < est[0] < est[1]
 
 
-def test_bench_backends_tiny(tmp_path):
-    """The benchmark's CI mode runs in-process and writes its table."""
+def _bench():
+    """benchmarks/bench_backends.py as a module (it is a script, not part of the package)."""
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_backends.py"
     spec = importlib.util.spec_from_file_location("bench_backends", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    table = bench.main(["--tiny", "--out", str(tmp_path)])
-    assert {"loop", "vmap", "limit"} <= set(table["backend"])
+    return bench
+
+
+def test_bench_backends_tiny(tmp_path):
+    """The benchmark's CI mode runs in-process and writes its table."""
+    table = _bench().main(["--tiny", "--out", str(tmp_path)])
+    assert {"loop", "vmap", "limit", "floor"} <= set(table["backend"])
     assert (tmp_path / "bench_backends.csv").exists()
     assert np.isfinite(table["seconds"]).all() and (table["seconds"] > 0).all()
+    floor = table[table["backend"] == "floor"]
+    assert (floor["floor_s"] == floor[["memory_floor_s", "flop_floor_s"]].max(axis=1)).all()
+
+
+def test_roofline_flops_per_row_is_the_matmul_count():
+    """Forward 2·W, weight gradients 2·W, input gradients 2·W of every layer but the first (x needs none)."""
+    import fedlab_nb as fl
+    from fedlab_nb.engine import server
+    from fedlab_nb.engine.client import make_loss
+    from fedlab_nb.models import flatten_params, make_model
+    bench = _bench()
+    fed = fl.federate("digits", "iid", n_clients=2, seed=0)
+    jobs = server._local_jobs(fed, np.arange(2), server.RunConfig(batch_size=10, lr=0.1, local_epochs=1), 0, None)
+    model = make_model("mlp", fed.input_shape, 10, hidden=(16,))
+    w1, w2 = 64 * 16, 16 * 10
+    assert bench.flops_per_row(make_loss(model), flatten_params(model), jobs[0], 10) == 4 * (w1 + w2) + 2 * w2
