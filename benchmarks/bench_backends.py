@@ -2,6 +2,7 @@
 
     loop   clients one after another (engine/client.py)
     vmap   clients vectorised with torch.func (engine/batched.py)
+    fused  vmap with the fused Linear-chain SGD step (engine/fused.py; MLPs and logistic regression only)
     flower Flower 1.42 simulation (`run_simulation`), only if `flwr` is importable
     limit  the compute limit: one centralised model trained on the same rows, m·B rows per step
            (the FLOPs of the round with no federation overhead)
@@ -38,7 +39,9 @@ from torch.func import grad_and_value
 
 import fedlab_nb as fl
 from fedlab_nb.engine import server
+from fedlab_nb.engine import batched
 from fedlab_nb.engine.batched import train_clients_vmap
+from fedlab_nb.engine.fused import linear_layers
 from fedlab_nb.engine.client import make_loss, train_clients_loop
 from fedlab_nb.methods import LocalObjective
 from fedlab_nb.models import flatten_params, make_model
@@ -107,6 +110,11 @@ def run_vmap(loss_fn, theta, jobs, lr, device):
     return (*timed(lambda: train_clients_vmap(loss_fn, theta, jobs, lr, LocalObjective()), device), False)
 
 
+def run_fused(loss_fn, theta, jobs, lr, device):
+    batched.train_clients_fused(loss_fn, theta, jobs[:2], lr, LocalObjective())  # warm-up
+    return (*timed(lambda: batched.train_clients_fused(loss_fn, theta, jobs, lr, LocalObjective()), device), False)
+
+
 def run_limit(loss_fn, theta, jobs, lr, device, batch):
     """Centralised SGD over the round's rows (in the clients' batch order), m·B rows per step."""
     x = torch.cat([j.x[torch.as_tensor(np.concatenate(j.batches), device=j.x.device)] for j in jobs]).to(device)
@@ -130,11 +138,12 @@ def machine_peaks(device: torch.device, n: int = 8_000_000, size: int = 1024, re
     a = torch.empty_like(b)
     x, y = torch.rand(size, size, device=device), torch.rand(size, size, device=device)
     best_bw = best_fl = 0.0
+    use = 0 if device.type == "cuda" else 1      # CPU time on CPU: steadier when other processes share the cores
     for _ in range(reps):
-        wall = timed(lambda: torch.add(b, c, alpha=3.0, out=a), device)[0]
-        best_bw = max(best_bw, 3 * 4 * n / wall)           # read b, c; write a
-        wall = timed(lambda: torch.mm(x, y), device)[0]
-        best_fl = max(best_fl, 2 * size ** 3 / wall)
+        t = timed(lambda: torch.add(b, c, alpha=3.0, out=a), device)[use]
+        best_bw = max(best_bw, 3 * 4 * n / t)           # read b, c; write a
+        t = timed(lambda: torch.mm(x, y), device)[use]
+        best_fl = max(best_fl, 2 * size ** 3 / t)
     return best_bw, best_fl
 
 
@@ -229,6 +238,8 @@ def bench_workload(fed, dataset, model_label, batch, lr, device, max_loop_client
     results = {"loop": run_loop(loss_fn, theta, jobs, lr, device, max_loop_clients),
                "vmap": run_vmap(loss_fn, theta, jobs, lr, device),
                "limit": run_limit(loss_fn, theta, jobs, lr, device, batch)}
+    if linear_layers(model) is not None:
+        results["fused"] = run_fused(loss_fn, theta, jobs, lr, device)
     out = [dict(base, backend=b, seconds=wall, cpu_seconds=cpu, peak_rss_mb=rss, cuda_peak_mb=cuda, extrapolated=ex)
            for b, (wall, cpu, rss, cuda, ex) in results.items()]
     floor = roofline_floor(loss_fn, theta, jobs, batch, device)
@@ -251,6 +262,9 @@ def ratios(table: pd.DataFrame, cpu_time: bool) -> pd.DataFrame:
     out = pd.DataFrame({"vmap_speedup_over_loop": wide["loop"] / wide["vmap"],
                         "vmap_over_limit": wide["vmap"] / wide["limit"],
                         "vmap_over_floor": wide["vmap"] / wide["floor"]})
+    if "fused" in wide:
+        out["fused_speedup_over_loop"] = wide["loop"] / wide["fused"]
+        out["fused_over_floor"] = wide["fused"] / wide["floor"]
     if "flower" in set(table["backend"]):
         wall = table.pivot_table(index=key, columns="backend", values="seconds")
         out["vmap_speedup_over_flower"] = wall["flower"] / wall["vmap"]
@@ -263,7 +277,7 @@ def plot(table: pd.DataFrame, path: Path):
     import seaborn as sns
     grid = sns.catplot(data=table, x="clients", y="clients_per_s", hue="backend", col="model", kind="bar",
                        height=3.2, aspect=1.0,
-                       hue_order=[b for b in ("loop", "vmap", "flower", "limit", "floor") if b in set(table["backend"])])
+                       hue_order=[b for b in ("loop", "vmap", "fused", "flower", "limit", "floor") if b in set(table["backend"])])
     grid.set(yscale="log")
     grid.set_axis_labels("clients per round", "clients / s (log)")
     grid.figure.suptitle(f"one FedAvg round, 1 local epoch, batch {table['batch'].iloc[0]}, "

@@ -186,3 +186,35 @@ def test_roofline_flops_per_row_is_the_matmul_count():
     model = make_model("mlp", fed.input_shape, 10, hidden=(16,))
     w1, w2 = 64 * 16, 16 * 10
     assert bench.flops_per_row(make_loss(model), flatten_params(model), jobs[0], 10) == 4 * (w1 + w2) + 2 * w2
+
+
+# --- the fused Linear-chain step (engine/fused.py) -------------------------------------------------
+@pytest.mark.parametrize("name,kwargs", [("logreg", {}), ("mlp", {"hidden": (8, 6)}), ("mlp", {"hidden": (5,)})])
+def test_fused_step_equals_loop(name, kwargs):
+    torch.manual_seed(0)
+    model = make_model(name, (12,), 4, **kwargs)
+    theta = flatten_params(model)
+    jobs = make_jobs()
+    d_loop, l_loop = train_clients_loop(make_loss(model), theta, jobs, 0.2, LocalObjective())
+    d_fused, l_fused = batched.train_clients_fused(make_loss(model), theta, jobs, 0.2, LocalObjective())
+    assert (d_loop.abs().amax(1) > 1e-4).all()
+    torch.testing.assert_close(d_fused, d_loop, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(l_fused, l_loop, atol=1e-6, rtol=1e-5)
+
+
+def test_fused_backend_runs_fused_only_where_it_is_exact(monkeypatch, digits_fed):
+    from fedlab_nb.engine import fused
+    calls = []
+    real = fused.sgd_step_
+    monkeypatch.setattr(fused, "sgd_step_", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kw = dict(rounds=2, clients_per_round=5, lr=0.1, progress=False, seed=0, model="mlp",
+              model_kwargs={"hidden": (16,)}, batch_size=16, stragglers=0.4)
+    loop = fl.simulate("fedavg", digits_fed, backend="loop", **kw)
+    got = fl.simulate("fedavg", digits_fed, backend="fused", **kw)
+    assert calls and got.meta["backend_used"] == "fused"
+    assert_same_history(loop, got)
+    calls.clear()   # FedProx adds a correction term: the vmapped autograd step runs instead, same results
+    prox = fl.get_method("fedprox", mu=0.1)
+    assert_same_history(fl.simulate(prox, digits_fed, backend="loop", **kw), fl.simulate(prox, digits_fed, backend="fused", **kw))
+    assert not calls
+    assert fused.linear_layers(make_model("cnn", (1, 8, 8), 10)) is None

@@ -26,6 +26,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from ..models import param_spec, unflatten
+from . import fused
 
 MEMORY_BUDGET: int | None = None      # bytes for one chunk's working set; None = device default
 CPU_BUDGET = 256 * 2**20
@@ -173,9 +174,10 @@ def _client_step(loss, spec, objective, with_correction: bool, model=None):
     return step
 
 
-def _train_chunk(step, spec, theta, jobs, lr, start=None, optimizer=None, trained=None):
+def _train_chunk(step, spec, theta, jobs, lr, start=None, optimizer=None, trained=None, layers=None):
     """Local training of `jobs` (sorted by τ, longest first) from their start rows (θ by default), anchored
-    at θ; returns (W [c, d], mean loss [c]). Only tensors in `trained` move (all when None)."""
+    at θ; returns (W [c, d], mean loss [c]). Only tensors in `trained` move (all when None). `layers`: take
+    the fused SGD step of engine/fused.py instead of the vmapped autograd step."""
     dev, c = theta.device, len(jobs)
     sizes = np.array([len(j.y) for j in jobs])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -199,6 +201,9 @@ def _train_chunk(step, spec, theta, jobs, lr, start=None, optimizer=None, traine
     total = theta.new_zeros(c)
     for s, (a, b) in enumerate(zip(active, width)):
         idx = rows[s, :a, :b]
+        if layers is not None:
+            total[:a] += fused.sgd_step_(P, layers, a, x[idx], y[idx], mask[s, :a, :b], step_lr)
+            continue
         g, loss = batched({n: p[:a] for n, p in P.items()}, x[idx], y[idx], mask[s, :a, :b],
                           ctx[:a] if with_ctx else None, theta)
         t = torch.tensor(s + 1)  # every active client is at its (s+1)-th step
@@ -214,11 +219,12 @@ def _train_chunk(step, spec, theta, jobs, lr, start=None, optimizer=None, traine
 # --- the backend --------------------------------------------------------------------------------------
 def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, objective, *,
                        budget: int | None = None, model: nn.Module | None = None, start: torch.Tensor | None = None,
-                       optimizer=None, groups=None, weights: bool = False):
+                       optimizer=None, groups=None, weights: bool = False, fuse: bool = False):
     """Same contract and result as `train_clients_loop`: every job's local training from its start row
     (θ by default), returned as (Δ [m, d], mean local loss [m]) — or (W, losses) with `weights=True` —
     computed in memory-bounded chunks of vmapped clients. `budget`: bytes per chunk (default
-    `memory_budget`); `model`: gives the masked loss directly; `optimizer`, `groups`: as in the loop."""
+    `memory_budget`); `model`: gives the masked loss directly; `optimizer`, `groups`: as in the loop;
+    `fuse`: use the fused Linear-chain step (engine/fused.py) where the run qualifies."""
     if not jobs:
         return theta.new_zeros(0, theta.numel()), theta.new_zeros(0)
     if getattr(objective, "vmappable", True) is False:
@@ -235,6 +241,7 @@ def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, obje
     trained = None if groups is None or len(groups.trained) == len(groups.spec) else groups.trained
     if trained is not None and spec[0][0] == "theta":
         raise ValueError("parameter groups need the model behind loss_fn (make_loss(model)); use backend='loop'")
+    layers = fused.fusable(model, loss_fn, objective, optimizer, trained, ctx0, with_correction) if fuse else None
 
     j0 = jobs_sorted[0]
     row_bytes = j0.x[:1].numel() * j0.x.element_size() + j0.y.element_size()
@@ -250,7 +257,13 @@ def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, obje
     for chunk in chunks:
         where = torch.as_tensor(order[chunk], device=theta.device)
         W0 = None if start is None else start.index_select(0, where)
-        W, l = _train_chunk(step, spec, theta, [jobs_sorted[i] for i in chunk], lr, W0, optimizer, trained)
+        W, l = _train_chunk(step, spec, theta, [jobs_sorted[i] for i in chunk], lr, W0, optimizer, trained, layers)
         out.index_copy_(0, where, W if weights else W.sub_(theta))
         losses.index_copy_(0, where, l)
     return out, losses
+
+
+def train_clients_fused(loss_fn, theta: torch.Tensor, jobs: list, lr: float, objective, **kwargs):
+    """The `fused` backend: `train_clients_vmap` with the fused Linear-chain SGD step where the run
+    qualifies (engine/fused.py `fusable`), the vmapped autograd step otherwise."""
+    return train_clients_vmap(loss_fn, theta, jobs, lr, objective, fuse=True, **kwargs)

@@ -46,7 +46,7 @@ class RunConfig:
     eval_every: int = 1
     stragglers: float = 0.0             # fraction of clients that, each round, do only a random part of their work
     drop_stragglers: bool = False       # drop stragglers' updates (the FedAvg baseline of FedProx's experiments)
-    backend: str = "auto"               # "loop" | "vmap" | "auto" (vmap where the method allows it)
+    backend: str = "auto"               # "loop" | "vmap" | "fused" | "auto" (vmap where the method allows it)
     on_nonfinite: str = "raise"         # "raise" | "drop"
     byzantine: tuple = ()               # ids of Byzantine clients (their messages go through `attack`)
     extra: dict = field(default_factory=dict)
@@ -67,8 +67,8 @@ class RunConfig:
                              f"sampler callable, got {cpr!r}")
         if not isinstance(self.stragglers, (int, float)) or not 0 <= self.stragglers <= 1:
             raise ValueError(f"stragglers is a fraction in [0, 1], got {self.stragglers!r}")
-        if self.backend not in ("loop", "vmap", "auto"):
-            raise ValueError(f"backend must be 'loop', 'vmap' or 'auto', got {self.backend!r}")
+        if self.backend not in ("loop", "vmap", "fused", "auto"):
+            raise ValueError(f"backend must be 'loop', 'vmap', 'fused' or 'auto', got {self.backend!r}")
         if self.on_nonfinite not in ("raise", "drop"):
             raise ValueError(f"on_nonfinite must be 'raise' or 'drop', got {self.on_nonfinite!r}")
         if num_clients is not None:
@@ -127,8 +127,8 @@ def pick_backend(cfg: RunConfig, method: Method, model: torch.nn.Module | None =
     from . import batched
     buffers = model is not None and next(model.buffers(), None) is not None
     if method.vmappable and not buffers:
-        return batched.train_clients_vmap
-    if cfg.backend == "vmap":
+        return batched.train_clients_fused if cfg.backend == "fused" else batched.train_clients_vmap
+    if cfg.backend in ("vmap", "fused"):
         why = "a model with buffers (BatchNorm)" if buffers else method.name
         print(f"note: {why} cannot run on the vmap backend; falling back to loop")
     return train_clients_loop
@@ -373,7 +373,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     run_id = fingerprint(cfg, method, fed, model, sampler, attack, loss)
     meta = {"method": method.name, "dataset": fed.dataset.name, "partition": fed.partition.name,
             "clients": K, **{k: v for k, v in asdict(cfg).items() if k != "extra"}, "device": str(dev),
-            "fingerprint": run_id, "backend_used": "vmap" if "vmap" in setup.train.__name__ else "loop"}
+            "fingerprint": run_id, "backend_used": next((b for b in ("fused", "vmap") if b in setup.train.__name__), "loop")}
     ckpt = Path(checkpoint) if checkpoint else None
     if resume and ckpt and ckpt.exists():
         theta, state, rows, start = _resume(ckpt, run_id, dev, store, model)

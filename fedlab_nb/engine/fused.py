@@ -1,0 +1,71 @@
+"""A fused local SGD step for chains of Linear layers (the `fused` backend): the vmap backend's step for the
+library's `LogisticRegression` and ReLU `MLP`, written out by hand with batched matrix products.
+
+For m clients with weights W_l ∈ R^{m×out×in}, one step on padded batches X ∈ R^{m×B×in} with a 0/1 row mask is
+
+    forward    Z_l = H_{l−1} W_lᵀ + b_l,  H_l = ReLU(Z_l)                  (torch.baddbmm)
+    loss       f_k = Σ_i mask_ki CE(Z_L,ki, y_ki) / Σ_i mask_ki
+    backward   δ_L = (softmax(Z_L) − onehot(y)) · mask / Σ mask,  δ_{l−1} = (δ_l W_l) ⊙ 1[H_{l−1} > 0]
+    update     W_l ← W_l − η δ_lᵀ H_{l−1}  (one in-place baddbmm: the [m, out, in] gradient is never stored),
+               b_l ← b_l − η Σ_i δ_l,i
+
+which is the gradient autograd computes, so the result equals the vmap and loop backends' up to floating-point
+summation order (tests/test_vmap.py). It skips autograd and torch.func's per-step dispatch, which dominate the
+step for small layers. It applies only to plain SGD on the cross-entropy of such a model, with no objective
+term, no client context and no parameter groups; `fusable` says whether a run qualifies.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..models import MLP, LogisticRegression
+
+
+def linear_layers(model: nn.Module | None) -> list[tuple[str, str]] | None:
+    """[(weight name, bias name)] of the model's Linear layers in order, if it is the library's
+    LogisticRegression or ReLU MLP (exactly those classes); else None."""
+    if type(model) is LogisticRegression:
+        return [("linear.weight", "linear.bias")]
+    if type(model) is MLP:
+        mods = list(model.body)
+        linears = [i for i, m in enumerate(mods) if isinstance(m, nn.Linear)]
+        if all(isinstance(m, nn.ReLU) for i, m in enumerate(mods) if i not in linears):
+            return [(f"body.{i}.weight", f"body.{i}.bias") for i in linears]
+    return None
+
+
+def fusable(model, loss_fn, objective, optimizer, trained, ctx, with_correction: bool) -> list | None:
+    """The model's layers when the fused step computes exactly this run's local training, else None."""
+    plain = optimizer is None or optimizer.plain
+    extra = getattr(objective, "extra_loss", None) is not None
+    if not plain or extra or with_correction or ctx is not None or trained is not None:
+        return None
+    if getattr(loss_fn, "criterion", None) is not None:
+        return None
+    return linear_layers(model)
+
+
+def sgd_step_(P: dict[str, torch.Tensor], layers, a: int, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+              lr: float) -> torch.Tensor:
+    """One SGD step of the first `a` clients in place on their stacked parameter views P ([c, out, in] and
+    [c, out]); x [a, B, in], y [a, B], mask [a, B]. Returns each client's masked mean batch loss [a]."""
+    hs, h = [], x
+    for i, (w, b) in enumerate(layers):
+        hs.append(h)
+        z = torch.baddbmm(P[b][:a].unsqueeze(1), h, P[w][:a].transpose(1, 2))
+        h = z.relu() if i < len(layers) - 1 else z
+    count = mask.sum(1).clamp_min(1)
+    logp = torch.log_softmax(h, -1)
+    rows = -logp.gather(2, y.unsqueeze(2)).squeeze(2)
+    loss = (rows * mask).sum(1) / count
+    delta = logp.exp()
+    delta.scatter_add_(2, y.unsqueeze(2), -torch.ones_like(rows).unsqueeze(2))
+    delta.mul_((mask / count[:, None]).unsqueeze(2))
+    for i in range(len(layers) - 1, -1, -1):
+        w, b = layers[i]
+        below = torch.bmm(delta, P[w][:a]).mul_(hs[i] > 0) if i > 0 else None  # with the weights before the step
+        P[w][:a].baddbmm_(delta.transpose(1, 2), hs[i], alpha=-lr)
+        P[b][:a].sub_(delta.sum(1), alpha=lr)
+        delta = below
+    return loss
