@@ -22,13 +22,11 @@ def test_moment_matching_is_the_kl_barycenter():
         L = np.array([[np.exp(v[2]), 0.0], [v[3], np.exp(v[4])]])
         return R.weighted_kl(w, means, covs, v[:2], L @ L.T)
 
-    L0 = np.linalg.cholesky(np.eye(2))
     res = minimize(objective, np.array([0.0, 0.0, 0.0, 0.0, 0.0]), method="BFGS", options={"gtol": 1e-12})
     L = np.array([[np.exp(res.x[2]), 0.0], [res.x[3], np.exp(res.x[4])]])
     assert np.max(np.abs(res.x[:2] - mu)) < 1e-6
     assert np.max(np.abs(L @ L.T - cov)) < 1e-6
     assert objective(res.x) >= R.weighted_kl(w, means, covs, mu, cov) - 1e-12
-    del L0
 
 
 def test_kl_is_zero_for_equal_gaussians_and_positive_otherwise():

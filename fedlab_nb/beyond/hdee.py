@@ -266,3 +266,159 @@ def mixture_bound_violation(logp: torch.Tensor, weights: torch.Tensor) -> float:
     w = weights if weights.dim() == 2 else weights[:, None].expand_as(logp)
     mix = -torch.logsumexp(torch.log(w) + logp, 0)
     return float((mix[None] - (-logp - torch.log(w))).max())
+
+
+# --- the toy experiment: domains, seed models, three iterations of domain training ----------------------------
+TIERS = ("hard", "medium", "easy")  # one domain of each per iteration
+ORDER_OF_TIER = {"hard": 3, "medium": 2, "easy": 1}  # the toy's a-priori difficulty: the chain's order
+SIZE_OF_TIER = {"hard": "l", "medium": "m", "easy": "s"}  # the repo: large expert on math / physics / cs
+
+
+@dataclass
+class ToyDomains:
+    """Training domains train[i][tier] (iteration i), held-out domains, their chains and entropy rates,
+    and the natural-text corpus for the seed models."""
+    names: list
+    chains: dict
+    entropy: dict
+    plan: list  # plan[i] = {tier: domain name} for iteration i
+    held_out: list
+    corpus: np.ndarray  # [n, 3 + T] natural-text windows for the seed models
+
+
+def toy_domains(texts: dict, iterations: int = 3, held_out_orders: Sequence[int] = (1, 2, 3),
+                seed_texts: Sequence[str] = ()) -> ToyDomains:
+    """Fit one chain per play: iteration i trains one hard (order 3), medium (2) and easy (1) domain, in the
+    sorted order of `texts` ({play: text}); the next plays give held-out chains of `held_out_orders`, and a
+    sequence-level mixture of the training chains is one more held-out domain. `seed_texts` (other plays) are
+    the seed models' natural corpus."""
+    plays = sorted(texts)
+    need = iterations * len(TIERS) + len(held_out_orders)
+    if len(plays) < need:
+        raise ValueError(f"texts must hold at least {need} plays ({iterations} iterations × 3 + held-out), got {len(plays)}")
+    chains, plan, k = {}, [], 0
+    for i in range(iterations):
+        plan.append({})
+        for tier in TIERS:
+            name = f"{plays[k]}/o{ORDER_OF_TIER[tier]}"
+            chains[name], plan[i][tier], k = fit_chain(texts[plays[k]], ORDER_OF_TIER[tier]), name, k + 1
+    held = []
+    for order in held_out_orders:
+        name = f"{plays[k]}/o{order}"
+        chains[name], k = fit_chain(texts[plays[k]], order), k + 1
+        held.append(name)
+    held.append("mixture")
+    entropy = {n: entropy_rate(c) for n, c in chains.items()}
+    train_names = [plan[i][t] for i in range(iterations) for t in TIERS]
+    entropy["mixture"] = float(np.mean([entropy[n] for n in train_names]))  # ≈ the optimum for long sequences
+    codes = _codes(to_alphabet(" ".join(seed_texts))) if seed_texts else np.zeros(0, np.int64)
+    L = 3 + 256
+    corpus = codes[: len(codes) // L * L].reshape(-1, L)
+    return ToyDomains(train_names + held, chains, entropy, plan, held, corpus)
+
+
+def sample_domain(dom: ToyDomains, name: str, n_seqs: int, length: int, rng: np.random.Generator) -> np.ndarray:
+    """[n_seqs, 3 + length] sequences of one domain (3 context symbols, then `length` scored ones); 'mixture'
+    draws each sequence from a random training chain."""
+    if name != "mixture":
+        return sample_chain(dom.chains[name], n_seqs, length + 3 - dom.chains[name].order, rng)
+    train = [n for n in dom.names if n not in dom.held_out]
+    pick = rng.integers(len(train), size=n_seqs)
+    out = np.empty((n_seqs, 3 + length), np.int64)
+    for j, n in enumerate(train):
+        rows = np.flatnonzero(pick == j)
+        if len(rows):
+            s = sample_chain(dom.chains[n], len(rows), length + 3 - dom.chains[n].order, rng)
+            out[rows] = s
+    return out
+
+
+ENSEMBLES = ("M_He-I_Ho", "M_Ho-I_He", "M_Ho-I_Ho")
+
+
+def expert_plan(ensemble: str) -> list[tuple[str, int]]:
+    """(seed-model size, steps per iteration) for the hard, medium and easy expert of an ensemble."""
+    if ensemble not in ENSEMBLES + ("dense",):
+        raise ValueError(f"ensemble must be one of {', '.join(ENSEMBLES)} or 'dense', got {ensemble!r}")
+    if ensemble == "M_He-I_Ho":
+        return [(SIZE_OF_TIER[t], STEPS["medium"]) for t in TIERS]
+    if ensemble == "M_Ho-I_He":
+        return [("m", STEPS[t]) for t in TIERS]
+    if ensemble == "dense":
+        return [("dense", STEPS["medium"])]
+    return [("m", STEPS["medium"])] * len(TIERS)
+
+
+def train_ensembles(dom: ToyDomains, seeds: Sequence[int], *, n_train_seqs: int = 64, length: int = 512,
+                    seed_steps: int = 1000, seed_lr: float = 1e-2, domain_lr: float = 3e-3, schedule_steps: int = 600,
+                    warmup: int = 50, batch_size: int = 64, dense_width: int = 3 * WIDTHS["m"]) -> dict:
+    """Train, for every seed, the three ensembles of `ENSEMBLES` and a dense model of `dense_width` at the same
+    compute (one model, the iteration's three domains pooled, `STEPS['medium']` steps per iteration), all batched.
+    Seed models: s / m / l / dense trained `seed_steps` on the natural corpus (cosine, 5 % warm-up, lr/10 at the
+    end); every homogeneous expert starts from the one m seed, as in the repo. Returns {'experts': params,
+    'dense': params, 'index': {(seed, ensemble): rows}}."""
+    if schedule_steps < max(STEPS.values()):
+        raise ValueError(f"schedule_steps must be >= {max(STEPS.values())} (the longest checkpoint), got {schedule_steps}")
+    sizes = ["s", "m", "l"]
+    gen = lambda s, tag, i: torch.Generator().manual_seed(int(s) * 100_003 + tag * 1_009 + i)  # keyed by the seed
+    xs, ys = windows(dom.corpus, 3)
+    # seed models: per seed s, m, l (batched, padded to l's width) and one dense model
+    g_small = [gen(s, 1, i) for s in seeds for i in range(3)]
+    seed_small = init_experts([WIDTHS[z] for _ in seeds for z in sizes], g_small, max_width=WIDTHS["l"])
+    seed_small = train_experts(seed_small, [(xs, ys)] * len(g_small), [seed_steps] * len(g_small), g_small,
+                               schedule_steps=seed_steps, warmup=max(1, seed_steps // 20), lr=seed_lr,
+                               min_lr=seed_lr / 10, batch_size=batch_size)
+    g_dense = [gen(s, 2, 0) for s in seeds]
+    seed_dense = train_experts(init_experts([dense_width] * len(seeds), g_dense), [(xs, ys)] * len(seeds),
+                               [seed_steps] * len(seeds), g_dense, schedule_steps=seed_steps,
+                               warmup=max(1, seed_steps // 20), lr=seed_lr, min_lr=seed_lr / 10, batch_size=batch_size)
+    # branch the experts
+    rows, steps, tiers, index = [], [], [], {}
+    for j, s in enumerate(seeds):
+        for ens in ENSEMBLES:
+            index[(s, ens)] = list(range(len(rows), len(rows) + len(TIERS)))
+            for tier, (size, n_steps) in zip(TIERS, expert_plan(ens)):
+                rows.append(3 * j + sizes.index(size)), steps.append(n_steps), tiers.append(tier)
+    experts = select(seed_small, rows)
+    g_exp = [gen(s, 3, i) for s in seeds for i in range(len(rows) // len(seeds))]
+    g_den = [gen(s, 4, 0) for s in seeds]
+    rng = {s: np.random.default_rng([int(s), 11]) for s in seeds}
+    dense = seed_dense
+    for it in range(len(dom.plan)):
+        data = {s: {t: windows(sample_domain(dom, dom.plan[it][t], n_train_seqs, length, rng[s]), 3) for t in TIERS}
+                for s in seeds}
+        per_row = [data[s][t] for s in seeds for t in tiers[: len(rows) // len(seeds)]]
+        experts = train_experts(experts, per_row, steps, g_exp, schedule_steps=schedule_steps, warmup=warmup,
+                                lr=domain_lr, min_lr=domain_lr / 2, batch_size=batch_size)
+        pooled = [tuple(torch.cat([data[s][t][k] for t in TIERS]) for k in (0, 1)) for s in seeds]
+        dense = train_experts(dense, pooled, [STEPS["medium"]] * len(seeds), g_den, schedule_steps=schedule_steps,
+                              warmup=warmup, lr=domain_lr, min_lr=domain_lr / 2, batch_size=batch_size)
+    return {"experts": experts, "dense": dense, "index": index, "seeds": list(seeds)}
+
+
+def evaluate_ensembles(dom: ToyDomains, trained: dict, *, n_test_seqs: int = 32, n_dev_seqs: int = 32,
+                       test_length: int = 256):
+    """Per seed × domain × ensemble × rule perplexity (pandas DataFrame, long form), plus the dense model, the
+    best single expert of each ensemble and the domain's optimum exp(H). Test and dev sequences are fresh
+    samples keyed by the seed; the cached prior is fitted on the dev sequences (the repo reuses the evaluation
+    loader for it)."""
+    import pandas as pd
+    out = []
+    for j, s in enumerate(trained["seeds"]):
+        rng = np.random.default_rng([int(s), 12])
+        for name in dom.names:
+            test = sample_domain(dom, name, n_test_seqs, test_length, rng)
+            dev = sample_domain(dom, name, n_dev_seqs, test_length, rng)
+            base = dict(seed=s, domain=name, held_out=name in dom.held_out, optimum=math.exp(dom.entropy[name]))
+            dense = token_log_probs(trained["dense"], [j], test)[0]
+            out.append({**base, "ensemble": "dense", "rule": "single", "ppl": perplexity(dense)})
+            for ens in ENSEMBLES:
+                rows = trained["index"][(s, ens)]
+                lp, lp_dev = token_log_probs(trained["experts"], rows, test), token_log_probs(trained["experts"], rows, dev)
+                prior = cached_log_prior(lp_dev)
+                for rule in RULES:
+                    ppl = perplexity(ensemble_log_probs(lp, rule, prior))
+                    out.append({**base, "ensemble": ens, "rule": rule, "ppl": ppl})
+                out.append({**base, "ensemble": ens, "rule": "best expert",
+                            "ppl": min(perplexity(lp[e]) for e in range(len(rows)))})
+    return pd.DataFrame(out)

@@ -1,0 +1,132 @@
+"""Seeds as a batch dimension: S independent runs of one method, stepped in lockstep, whose local training
+is one vectorised computation of S × m clients per round.
+
+A multi-seed claim needs S runs that differ only in their seed (θ₀, client sampling, mini-batches and,
+when `fed` is a function of the seed, the partition). Each round, every run samples its clients and builds
+its jobs exactly as `simulate` would; the S·m jobs then train in one call of the kernel, each job starting
+from its own run's θ (the kernel's `start` rows); the server half (weighting, rule, server optimiser) and
+the evaluation stay per run. So `simulate_seeds(method, fed, seeds=range(5))[i]` equals
+`simulate(method, fed, seed=i)` up to floating-point summation order (tests/test_seeds.py), in fewer,
+larger vectorised steps.
+
+It applies to methods whose client side is the plain one (`ClientUpdate`, one track, no client state and no
+uplink/downlink transforms: FedAvg, FedAvgM, FedOpt, and any weighting, robust rule or server optimiser
+on top); `seed_batchable(method)` says whether a method qualifies, and the error names the reason.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..core.method import ClientUpdate, Method, RoundInfo
+from ..core.messages import Messages
+from ..core.streams import SAMPLE
+from ..data.federated import FederatedDataset
+from ..models import flatten_params, param_spec
+from ..utils import rng
+from .client import make_loss
+from .evaluate import Evaluator
+from .history import History
+from .sampling import make_sampler
+from .server import RunConfig, _local_jobs, build_model, pick_backend, server_update
+
+
+def seed_batchable(method: Method) -> str | None:
+    """None if `simulate_seeds` can run this method, else why not."""
+    if type(method.client) is not ClientUpdate:
+        return f"{method.name} has its own client update ({type(method.client).__name__})"
+    if method.uplink or method.downlink:
+        return f"{method.name} transforms its messages (uplink/downlink)"
+    probe = torch.zeros(2)
+    if method.objective.client_state(probe):
+        return f"{method.name} keeps per-client state"
+    if method.objective.correction(probe, probe, None) is not None or getattr(method.objective, "extra_loss", None):
+        return f"{method.name}'s local objective is anchored at the global model (one anchor per run)"
+    return None
+
+
+def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], FederatedDataset], model="mlp", *,
+                   seeds: Sequence[int] = range(5), rounds: int = 20, clients_per_round=None, local_epochs: int = 1,
+                   local_steps: int | None = None, batch_size: int = 32, lr: float = 0.05, eval_every: int = 1,
+                   backend: str = "auto", model_kwargs: dict | None = None) -> list[History]:
+    """One `History` per seed, as `simulate(method, fed, model, seed=s, ...)` would return, computed with the
+    S runs' clients trained together. `fed`: one federated data set for every seed, or `fed(seed)`."""
+    why = seed_batchable(method)
+    if why is not None:
+        raise ValueError(f"simulate_seeds cannot batch this method: {why}; run simulate once per seed instead")
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct non-negative integers, got {seeds}")
+    feds = [fed(s) if callable(fed) else fed for s in seeds]
+    cfgs = [RunConfig(rounds, clients_per_round if not callable(clients_per_round) else None, local_epochs,
+                      local_steps, batch_size, lr, s, eval_every, backend=backend) for s in seeds]
+    for c, f in zip(cfgs, feds):
+        c.validate(f.num_clients)
+    if isinstance(model, torch.nn.Module):
+        raise ValueError("simulate_seeds draws each seed's θ₀ itself: pass the model by name ('mlp', 'cnn' ...)")
+    models = [build_model(model, f, s, model_kwargs) for f, s in zip(feds, seeds)]
+    groups = method.groups.resolve(param_spec(models[0]))
+    loss_fn = make_loss(models[0])
+    train = pick_backend(cfgs[0], method, models[0])
+    thetas = [flatten_params(m).to(f.device) for m, f in zip(models, feds)]
+    states = [method.init_state(t, f.num_clients) for t, f in zip(thetas, feds)]
+    samplers = [make_sampler(clients_per_round, f.num_clients) for f in feds]
+    evaluators = [Evaluator(m, f, None) for m, f in zip(models, feds)]
+    rows = [[] for _ in seeds]
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        ids = [smp(r, f.num_clients, rng(s, SAMPLE, r)) for smp, f, s in zip(samplers, feds, seeds)]
+        jobs = [_local_jobs(f, i, c, r, None) if len(i) else [] for f, i, c in zip(feds, ids, cfgs)]
+        W = _train_together(train, loss_fn, method, thetas, jobs, lr, groups)
+        for i in range(len(seeds)):
+            row = {"round": r + 1, "n_sampled": int(len(ids[i])), "train_loss": float("nan"), "bytes_up": 0,
+                   "bytes_down": 0}
+            if len(ids[i]):
+                thetas[i], states[i], row["train_loss"] = _server_half(method, states[i], thetas[i], W[i], r, ids[i],
+                                                                       jobs[i], feds[i], lr, seeds[i], groups)
+            if (r + 1) % eval_every == 0 or r + 1 == rounds:
+                row.update(evaluators[i](thetas[i]))
+            rows[i].append(row)
+    seconds = time.perf_counter() - t0
+    return [_history(method, f, c, rows_i, theta, m, seconds) for f, c, rows_i, theta, m
+            in zip(feds, cfgs, rows, thetas, models)]
+
+
+def _train_together(train, loss_fn, method, thetas, jobs, lr, groups):
+    """Every run's jobs in one kernel call, each from its own θ; returns the trained rows per run."""
+    flat = [j for js in jobs for j in js]
+    if not flat:
+        return [None] * len(jobs)
+    start = torch.cat([t.repeat(len(js), 1) for t, js in zip(thetas, jobs)])
+    W, losses = train(loss_fn, thetas[0], flat, lr, method.objective, start=start, optimizer=method.optimizer,
+                      groups=groups, weights=True)
+    out, i = [], 0
+    for js in jobs:
+        out.append((W[i:i + len(js)], losses[i:i + len(js)]))
+        i += len(js)
+    return out
+
+
+def _server_half(method, state, theta, trained, r, ids, jobs, fed, lr, seed, groups):
+    """The method's client finish and server update for one run."""
+    W, losses = trained
+    dev, dt = theta.device, theta.dtype
+    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=dev, dtype=dt)
+    entries, _ = method.client.finish({"w": W.clone()}, theta, {"theta": theta}, {}, steps, lr, method, groups)
+    msgs = Messages(entries, np.asarray(ids))
+    sizes = torch.tensor([float(len(j.y)) for j in jobs], device=dev, dtype=dt)
+    info = RoundInfo(r, np.asarray(ids), sizes, steps, fed.num_clients, lr, theta, msgs, seed)
+    return server_update(method, state, theta, info, msgs, losses, "raise", groups)
+
+
+def _history(method, fed, cfg, rows, theta, model, seconds) -> History:
+    meta = {"method": method.name, "dataset": fed.dataset.name, "partition": fed.partition.name,
+            "clients": fed.num_clients, "seed": cfg.seed, "rounds": cfg.rounds, "lr": cfg.lr,
+            "batch_size": cfg.batch_size, "local_epochs": cfg.local_epochs, "seed_batched": True,
+            "seconds_all_seeds": seconds}
+    hist = History.from_rows(rows, meta)
+    hist.theta, hist.model = theta, model
+    return hist
