@@ -82,9 +82,9 @@ def poison_patterns(member) -> np.ndarray:
     rows = np.unique(np.asarray(member, dtype=bool), axis=0)
     rows = rows[rows.any(axis=1)]
     sizes = rows.sum(axis=1)
-    keep = [i for i in range(len(rows))
-            if not any(sizes[j] > sizes[i] and (rows[j] >= rows[i]).all() for j in range(len(rows)))]
-    return rows[keep]
+    inside = (rows.astype(np.int32) @ rows.T.astype(np.int32)) == sizes[:, None]  # row i within row j
+    np.fill_diagonal(inside, False)
+    return rows[~inside.any(axis=1)]  # rows are distinct, so "within another" means strictly smaller
 
 
 # --- the attack's arithmetic -------------------------------------------------------------------------------------------
@@ -198,13 +198,42 @@ def scope_radius(votes, num_classes: int, scope: int) -> np.ndarray:
     return np.floor((need.min(axis=1) - 1) / (2 * scope)).astype(np.int64)
 
 
+def _best_gain(gain, threat: Threat, exact: bool):
+    """The largest total gain P poisons reach for one point and class (gain: [k] per compromised classifier).
+    Rounds: the top P gains of every round (exact). Patterns: greedy (a lower bound) or, with exact=False, the sum
+    of the P largest pattern gains (an upper bound)."""
+    if threat.rounds is not None:
+        return sum(np.sort(gain[grp])[::-1][:threat.budget].sum() for grp in threat.rounds)
+    cover = np.asarray(threat.patterns, dtype=bool)
+    if not exact:
+        return np.sort(cover @ gain)[::-1][:threat.budget].sum()
+    taken, total = np.zeros(len(gain), dtype=bool), 0
+    for _ in range(threat.budget):
+        extra = cover[:, ~taken] @ gain[~taken]
+        best = int(extra.argmax())
+        if extra[best] <= 0:
+            break
+        total += extra[best]
+        taken |= cover[best]
+    return total
+
+
 def pointwise_flippable(votes, num_classes: int, threat: Threat, time_limit: float = 10.0) -> np.ndarray:
-    """Exact sample-wise check: can some P-poison attack flip point t on its own? (the BILP with one point)"""
+    """Exact sample-wise check: can some P-poison attack flip point t on its own? Hash rounds: exact in closed
+    form. Vanilla: greedy attack (flips -> yes), sum of the P largest pattern gains (short -> no), else the BILP
+    with this one point over the patterns restricted to the classifiers that matter for it."""
     votes = np.asarray(votes)
-    T = votes.shape[1]
-    out = np.zeros(T, dtype=bool)
-    for t in range(T):
-        out[t] = max_simultaneous_flips(votes, num_classes, threat, points=[t], time_limit=time_limit).flips == 1
+    gain, need, _ = flip_terms(votes, num_classes)
+    out = np.zeros(votes.shape[1], dtype=bool)
+    for t in range(votes.shape[1]):
+        rivals = np.flatnonzero(np.isfinite(need[t]))
+        if any(_best_gain(gain[t, c], threat, exact=True) >= need[t, c] for c in rivals):
+            out[t] = True
+        elif threat.rounds is None and any(_best_gain(gain[t, c], threat, exact=False) >= need[t, c] for c in rivals):
+            relevant = (gain[t, rivals] > 0).any(axis=0)
+            local = Threat(threat.budget, patterns=poison_patterns(np.asarray(threat.patterns) & relevant))
+            # the proven bound, not the best attack found: an unfinished solve counts as attackable (sound)
+            out[t] = max_simultaneous_flips(votes[:, [t]], num_classes, local, time_limit=time_limit).bound >= 1
     return out
 
 

@@ -152,6 +152,23 @@ def two_gap_cost(g1, g2):
     return np.maximum(np.maximum(-(-g1 // 2), -(-g2 // 2)), -(-(g1 + g2) // 3))
 
 
+def paper_two_gap_table(size: int) -> np.ndarray:
+    """The paper's table of two-gap costs, computed by its recursion (as `dp_calc.py`: a changed model closes the
+    gaps by (2, 1) or (1, 2)); the reference `two_gap_cost` is checked against."""
+    A = np.zeros((size, size), dtype=np.int64)
+    for i in range(size):
+        for j in range(size):
+            if i + j == 0:
+                A[i, j] = 0
+            elif (i <= 1 and j <= 2) or (i <= 2 and j <= 1):
+                A[i, j] = 1
+            elif i <= 1 or j <= 1:
+                A[i, j] = (max(i, j) + 1) // 2
+            else:
+                A[i, j] = 1 + min(A[i - 2, j - 1], A[i - 1, j - 2])
+    return A
+
+
 def roe_certificate(ranks) -> np.ndarray:
     """ROE's certified number of poisoned samples for each point (ranks: [n, k, C] model rankings)."""
     ranks = np.asarray(ranks)

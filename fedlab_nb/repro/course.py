@@ -85,12 +85,14 @@ LESSONS = (
             "compare every weighting on one task"),
            "least squares / ridge regression; expectations of random sampling"),
     Lesson("robustness", "Byzantine clients and robust aggregation",
-           ("robust_aggregation", "gas", "centered_clipping", "flag_aggregator", "frl", "fedcpa", "flip"),
+           ("robust_aggregation", "gas", "centered_clipping", "flag_aggregator", "frl", "backdoors", "fedcpa", "flip"),
            ("basics", "heterogeneity"),
            ("run every robust rule (median, trimmed mean, Krum, Bulyan, geometric median, clipping) against "
             "six attacks, IID and non-IID",
             "explain why non-IID data breaks robust rules and how gradient splitting (GAS) and worker momentum help",
             "compare subspace aggregation (flag median) and rank voting (FRL) with the classical rules",
+            "replace the global model in one round with a boosted backdoored update (model replacement), and see "
+            "norm clipping and the robust rules stop it",
             "plant a backdoor through poisoned client data, measure its attack success rate, and defend by "
             "comparing clients' critical parameters (FedCPA) or by hardening benign clients with inverted "
             "triggers (FLIP)"),
@@ -148,6 +150,20 @@ LESSONS = (
             "solve a bilevel problem on a graph without a server, with gossip and Hessian-vector products only, "
             "and measure why that scales linearly in the inner dimension (DSBO)"),
            "implicit differentiation; hypergradients"),
+    Lesson("beyond", "Aggregation beyond federated training",
+           ("moe_reduction", "hdee", "run_off_election", "hash_bagging", "locational_dp"),
+           ("basics", "robustness", "privacy", "communication"),
+           ("aggregate mixture models from local fits by matching components instead of averaging them, and see "
+            "why exchangeable components break FedAvg-style averaging (MoE reduction)",
+            "combine domain experts in output space with a per-token posterior that is never worse than the best "
+            "expert by more than log E, and weigh heterogeneous expert sizes at equal compute (HDEE)",
+            "turn a hash-partition ensemble into a certificate against data poisoning, and improve it with a "
+            "run-off between the top two classes (ROE)",
+            "certify a whole test set at once against one poisoned training set with an integer program, and see "
+            "hash bagging beat random subsets (collective certification)",
+            "aggregate regional statistics under local DP without bias, with a variance formula checked by "
+            "simulation, and compare local with central DP (locational DP)"),
+           "probability; linear programming; the FL chapters' aggregation rules"),
 )
 
 
