@@ -151,10 +151,14 @@ LESSONS = (
             "and measure why that scales linearly in the inner dimension (DSBO)"),
            "implicit differentiation; hypergradients"),
     Lesson("beyond", "Aggregation beyond federated training",
-           ("moe_reduction", "hdee", "run_off_election", "hash_bagging", "locational_dp"),
+           ("wakd", "moe_reduction", "smc_fusion", "hdee", "run_off_election", "hash_bagging", "locational_dp"),
            ("basics", "robustness", "privacy", "communication"),
-           ("aggregate mixture models from local fits by matching components instead of averaging them, and see "
+           ("average one model's weights over time (a running mean, SWAD's validation window, SMA) under knowledge "
+            "distillation, and test whether it helps on unseen domains (WAKD)",
+            "aggregate mixture models from local fits by matching components instead of averaging them, and see "
             "why exchangeable components break FedAvg-style averaging (MoE reduction)",
+            "combine parties' sub-posteriors as a product, see Gaussian and consensus rules fail on skewed ones "
+            "and flat importance sampling collapse, and fuse up a tree instead (an SMC Fusion analogue)",
             "combine domain experts in output space with a per-token posterior that is never worse than the best "
             "expert by more than log E, and weigh heterogeneous expert sizes at equal compute (HDEE)",
             "turn a hash-partition ensemble into a certificate against data poisoning, and improve it with a "
