@@ -8,8 +8,7 @@ scalarised loss Σ_t α_t L_t. At inference any α picks a trade-off, so one run
 Per the official `src/trainer/multi_forward_ensemble_trainer.py`, each step makes `num` such forward passes
 (the paper's "window") and adds a penalty when a task's loss is not monotone in its own weight:
 R = Σ_t log( mean_j exp(T·relu(L_t(α_(j+1)) − L_t(α_(j)))) ), the window ordered by α_t, added with
-coefficient λ only while λR is below the summed loss (and R > 0.002). See `monotonicity_penalty` for
-the ordering.
+coefficient λ only while λR is below the summed loss. See `monotonicity_penalty` for the ordering.
 
 Exact side: for quadratics L_i(θ) = ½(θ − θ_i*)ᵀH_i(θ − θ_i*), the Pareto set of two tasks is
 θ(α) = (αH₁ + (1−α)H₂)⁻¹(αH₁θ₁* + (1−α)H₂θ₂*) (`quadratic_pareto_set`) — the family of Fisher-weighted
@@ -173,9 +172,9 @@ def pamal_train(model: torch.nn.Module, members: Tensor, x: Tensor, Y: Tensor, *
                 temperature: float = 1.0, order: str = "violations", seed: int = 0) -> Tensor:
     """Train the members [T, d] (one per task, independently initialised) jointly with Adam: per mini-batch,
     `num` forward passes at α ~ Dirichlet(p·1), loss Σ_w Σ_t α_t L_t at the weights αᵀ·members, plus
-    reg_coefficient·`monotonicity_penalty` when num ≥ 2, R > 0.002 and it stays below the loss (as the
-    official trainer). Defaults: the official census configuration (Adam 1e-3, num = 2, λ = 5, p = 1).
-    Returns the trained members."""
+    reg_coefficient·`monotonicity_penalty` when num ≥ 2 and it stays below the loss (as the official
+    trainer, whose R > 0.002 test only gates logging). Defaults: the official census configuration
+    (Adam 1e-3, num = 2, λ = 5, p = 1). Returns the trained members."""
     T = Y.shape[1]
     if members.ndim != 2 or members.shape[0] != T:
         raise ValueError(f"members must be [T, d] with T = {T} (one per task), got {tuple(members.shape)}")
@@ -192,7 +191,7 @@ def pamal_train(model: torch.nn.Module, members: Tensor, x: Tensor, Y: Tensor, *
             loss = (alphas * losses).sum()
             if num > 1:
                 reg = monotonicity_penalty(alphas, losses, temperature, order)
-                if reg > 0.002 and reg_coefficient * reg < loss:
+                if reg_coefficient * reg < loss:
                     loss = loss + reg_coefficient * reg
             opt.zero_grad()
             loss.backward()

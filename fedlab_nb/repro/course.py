@@ -151,10 +151,13 @@ LESSONS = (
             "and measure why that scales linearly in the inner dimension (DSBO)"),
            "implicit differentiation; hypergradients"),
     Lesson("beyond", "Aggregation beyond federated training",
-           ("wakd", "moe_reduction", "smc_fusion", "hdee", "run_off_election", "hash_bagging", "locational_dp"),
+           ("wakd", "pareto_manifold", "hdee", "run_off_election", "hash_bagging", "jacobian_descent", "moe_reduction",
+            "smc_fusion", "locational_dp"),
            ("basics", "robustness", "privacy", "communication"),
            ("average one model's weights over time (a running mean, SWAD's validation window, SMA) under knowledge "
             "distillation, and test whether it helps on unseen domains (WAKD)",
+            "train one weight member per task on random mixtures to get a whole trade-off line from one run, and "
+            "check when a Pareto set is a straight line (Pareto manifold learning)",
             "aggregate mixture models from local fits by matching components instead of averaging them, and see "
             "why exchangeable components break FedAvg-style averaging (MoE reduction)",
             "combine parties' sub-posteriors as a product, see Gaussian and consensus rules fail on skewed ones "
@@ -165,6 +168,8 @@ LESSONS = (
             "run-off between the top two classes (ROE)",
             "certify a whole test set at once against one poisoned training set with an integer program, and see "
             "hash bagging beat random subsets (collective certification)",
+            "aggregate client gradients by projecting each onto the cone that hurts no client (UPGrad), and see the "
+            "same guarantee let one Byzantine client freeze training (Jacobian descent)",
             "aggregate regional statistics under local DP without bias, with a variance formula checked by "
             "simulation, and compare local with central DP (locational DP)"),
            "probability; linear programming; the FL chapters' aggregation rules"),
