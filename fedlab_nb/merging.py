@@ -30,8 +30,12 @@ LAMBDA_GRID = tuple(round(0.1 * i, 1) for i in range(1, 21))  # task-arithmetic 
 
 
 # --- training ------------------------------------------------------------------------------------
-def _logits(model: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def logits(model: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The model's outputs on x at flat parameters θ (differentiable in θ)."""
     return functional_call(model, unflatten(theta, param_spec(model)), (x,))
+
+
+_logits = logits  # the name the first merge notebooks used
 
 
 def fit(model: torch.nn.Module, theta: torch.Tensor | None, x: torch.Tensor, y: torch.Tensor, *, epochs: int = 1,
@@ -55,7 +59,7 @@ def fit(model: torch.nn.Module, theta: torch.Tensor | None, x: torch.Tensor, y: 
     for _ in range(epochs):
         for idx in torch.randperm(len(x), generator=g).split(batch_size):
             opt.zero_grad()
-            loss_fn(_logits(model, w, x[idx]), y[idx]).backward()
+            loss_fn(logits(model, w, x[idx]), y[idx]).backward()
             opt.step()
     return w.detach()
 
@@ -123,7 +127,7 @@ def ties_merge(taus: torch.Tensor, density: float = 0.2) -> torch.Tensor:
 @torch.no_grad()
 def predict_proba(model: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
     """Softmax probabilities [n, C] of the model at θ."""
-    return torch.cat([torch.softmax(_logits(model, theta, xb), -1) for xb in x.split(chunk)])
+    return torch.cat([torch.softmax(logits(model, theta, xb), -1) for xb in x.split(chunk)])
 
 
 def accuracy(probs: torch.Tensor, y: torch.Tensor) -> float:

@@ -25,8 +25,8 @@ def test_average_is_task_arithmetic_with_one_over_k():
 def test_weight_mix_is_logit_mix_for_linear_models():
     model, theta0, thetas = _models()
     x = torch.randn(20, 4, dtype=torch.float64)
-    mix = mg._logits(model, mg.interpolate(theta0, thetas[0], 0.3), x)
-    assert torch.allclose(mix, 0.7 * mg._logits(model, theta0, x) + 0.3 * mg._logits(model, thetas[0], x), atol=1e-12)
+    mix = mg.logits(model, mg.interpolate(theta0, thetas[0], 0.3), x)
+    assert torch.allclose(mix, 0.7 * mg.logits(model, theta0, x) + 0.3 * mg.logits(model, thetas[0], x), atol=1e-12)
 
 
 def test_ties_hand_case():

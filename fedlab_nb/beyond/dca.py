@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from .. import merging
 from ..core.registry import register
 from ..models import flatten_params, param_spec
-from ..merging import _logits
+from ..merging import logits as model_logits
 
 
 # --- layout: which flat entries belong to which layer / component -------------------------------------
@@ -128,9 +128,9 @@ def train_dca(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, copie
             opt.zero_grad()
             if consistency:
                 with torch.no_grad():
-                    ref = _logits(model, combine(w, comps, draw()), x[idx])
+                    ref = model_logits(model, combine(w, comps, draw()), x[idx])
             for _ in range(repeats):
-                logits = _logits(model, combine(w, comps, draw()), x[idx])
+                logits = model_logits(model, combine(w, comps, draw()), x[idx])
                 loss = F.cross_entropy(logits, y[idx])
                 if consistency:
                     loss = loss + consistency_kl(ref, logits)

@@ -151,10 +151,14 @@ LESSONS = (
             "and measure why that scales linearly in the inner dimension (DSBO)"),
            "implicit differentiation; hypergradients"),
     Lesson("beyond", "Aggregation beyond federated training",
-           ("wakd", "pareto_manifold", "hdee", "run_off_election", "hash_bagging", "jacobian_descent", "moe_reduction",
+           ("wise_ft", "dca", "wakd", "pareto_manifold", "hdee", "run_off_election", "hash_bagging", "jacobian_descent", "moe_reduction",
             "smc_fusion", "locational_dp"),
            ("basics", "robustness", "privacy", "communication"),
-           ("average one model's weights over time (a running mean, SWAD's validation window, SMA) under knowledge "
+           ("interpolate a pretrained and a fine-tuned model's weights (WiSE-FT), count the inputs both get wrong and "
+            "their mix gets right, and test MixUp with label smoothing as the balancing fix (BANG)",
+            "see why independently trained networks cannot be averaged while layer copies trained in random "
+            "combinations can, and compare their average (DCWA) with SWA and a deep ensemble (DCA)",
+            "average one model's weights over time (a running mean, SWAD's validation window, SMA) under knowledge "
             "distillation, and test whether it helps on unseen domains (WAKD)",
             "train one weight member per task on random mixtures to get a whole trade-off line from one run, and "
             "check when a Pareto set is a straight line (Pareto manifold learning)",
