@@ -73,7 +73,7 @@ LESSONS = (
             "see feature shift as non-IID data too, and why FedBN's local BatchNorm statistics absorb it"),
            "gradient descent with momentum and Adam; BatchNorm"),
     Lesson("weights", "Aggregation weights and participation",
-           ("fedau", "afl", "feddisco", "ida", "ldawa", "fedlaw", "fedgp", "aggregation_weights"),
+           ("fedau", "afl", "feddisco", "ida", "ldawa", "fedlaw", "fedgp", "fedce", "aggregation_weights"),
            ("basics",),
            ("see why averaging whoever shows up biases FedAvg, and how FedAU's participation intervals remove it",
             "derive a closed-form (analytic) federated solution whose aggregate does not depend on the split",
@@ -82,7 +82,9 @@ LESSONS = (
             "learn a global shrinking factor and the relative weights on a server proxy set (FedLAW), and read "
             "it as a small bilevel problem",
             "adapt to a target domain by projecting source updates onto the target's direction (FedGP), and "
-            "compare every weighting on one task"),
+            "compare every weighting on one task",
+            "score each client's contribution by its update's angle to the others' and by how the leave-one-out "
+            "model does on its data, and weigh clients by it for a fairer worst client (FedCE)"),
            "least squares / ridge regression; expectations of random sampling"),
     Lesson("robustness", "Byzantine clients and robust aggregation",
            ("robust_aggregation", "gas", "centered_clipping", "flag_aggregator", "frl", "backdoors", "fedcpa", "flip"),
