@@ -152,6 +152,13 @@ LESSONS = (
             "solve a bilevel problem on a graph without a server, with gossip and Hessian-vector products only, "
             "and measure why that scales linearly in the inner dimension (DSBO)"),
            "implicit differentiation; hypergradients"),
+    Lesson("more", "Fairness, incentives, adversarial training and decentralised learning",
+           ("vra_dgt",),
+           ("basics", "robustness", "privacy"),
+           ("see why gradient tracking works (the tracking variables always sum to the gradients), how a noisy link "
+            "turns that sum's error into a random walk, and why damping alone does not restore the rate "
+            "(gradient tracking with inexact communication)",),
+           "convex optimisation; random walks"),
     Lesson("beyond", "Aggregation beyond federated training",
            ("wise_ft", "dca", "wakd", "pareto_manifold", "hdee", "run_off_election", "hash_bagging", "jacobian_descent", "moe_reduction",
             "smc_fusion", "locational_dp"),
