@@ -153,9 +153,12 @@ LESSONS = (
             "and measure why that scales linearly in the inner dimension (DSBO)"),
            "implicit differentiation; hypergradients"),
     Lesson("more", "Fairness, incentives, adversarial training and decentralised learning",
-           ("vra_dgt",),
+           ("aglfop", "vra_dgt"),
            ("basics", "robustness", "privacy"),
-           ("see why gradient tracking works (the tracking variables always sum to the gradients), how a noisy link "
+           ("audit a federated model's global and local group fairness with a partial information decomposition, "
+            "and see why local fairness implies global fairness only when the sensitive attribute is independent "
+            "of the client (AGLFOP)",
+            "see why gradient tracking works (the tracking variables always sum to the gradients), how a noisy link "
             "turns that sum's error into a random walk, and why damping alone does not restore the rate "
             "(gradient tracking with inexact communication)",),
            "convex optimisation; random walks"),
