@@ -65,7 +65,8 @@ def fit(model: torch.nn.Module, theta: torch.Tensor | None, x: torch.Tensor, y: 
 
 
 # --- merges --------------------------------------------------------------------------------------
-def _stack(thetas) -> torch.Tensor:
+def stack_thetas(thetas) -> torch.Tensor:
+    """K flat parameter vectors (a list or a [K, d] tensor) as one checked [K, d] tensor."""
     t = torch.stack(list(thetas)) if not torch.is_tensor(thetas) else thetas
     if t.ndim != 2 or len(t) == 0:
         raise ValueError(f"thetas must be K >= 1 flat parameter vectors ([K, d]), got shape {tuple(t.shape)}")
@@ -74,7 +75,7 @@ def _stack(thetas) -> torch.Tensor:
 
 def task_vectors(thetas, theta0: torch.Tensor) -> torch.Tensor:
     """τ_k = θ_k − θ₀, [K, d]."""
-    t = _stack(thetas)
+    t = stack_thetas(thetas)
     if theta0.shape != t.shape[1:]:
         raise ValueError(f"theta0 has {tuple(theta0.shape)} entries but the models have {t.shape[1]}")
     return t - theta0
@@ -89,7 +90,7 @@ def interpolate(theta_a: torch.Tensor, theta_b: torch.Tensor, alpha: float) -> t
 
 def plain_average(thetas, weights: Sequence[float] | None = None) -> torch.Tensor:
     """Σ_k w_k θ_k / Σ_k w_k (equal weights by default): one-shot FedAvg."""
-    t = _stack(thetas)
+    t = stack_thetas(thetas)
     w = torch.ones(len(t), dtype=t.dtype) if weights is None else torch.as_tensor(weights, dtype=t.dtype)
     if w.shape != (len(t),) or (w < 0).any() or w.sum() <= 0:
         raise ValueError(f"weights must be {len(t)} non-negative numbers with a positive sum")
@@ -98,7 +99,7 @@ def plain_average(thetas, weights: Sequence[float] | None = None) -> torch.Tenso
 
 def task_arithmetic(theta0: torch.Tensor, taus: torch.Tensor, lam: float) -> torch.Tensor:
     """θ₀ + λ Σ_k τ_k (λ = 1/K is the plain average)."""
-    return theta0 + lam * _stack(taus).sum(0)
+    return theta0 + lam * stack_thetas(taus).sum(0)
 
 
 def dare(tau: torch.Tensor, p: float, generator: torch.Generator) -> torch.Tensor:
@@ -112,7 +113,7 @@ def dare(tau: torch.Tensor, p: float, generator: torch.Generator) -> torch.Tenso
 def ties_merge(taus: torch.Tensor, density: float = 0.2) -> torch.Tensor:
     """TIES: trim each τ_k to its top-`density` magnitudes, elect each coordinate's sign by the larger total
     mass, and average only the entries that agree with it (the disjoint mean); returns the merged τ."""
-    t = _stack(taus)
+    t = stack_thetas(taus)
     if not 0 < density <= 1:
         raise ValueError(f"density must be in (0, 1], got {density}")
     k = max(1, int(round(density * t.shape[1])))
@@ -168,7 +169,7 @@ def ood_auroc(probs_in: torch.Tensor, probs_out: torch.Tensor) -> float:
 
 def ensemble_proba(model: torch.nn.Module, thetas, x: torch.Tensor) -> torch.Tensor:
     """The output ensemble: the mean of the members' predicted probabilities."""
-    return torch.stack([predict_proba(model, th, x) for th in _stack(thetas)]).mean(0)
+    return torch.stack([predict_proba(model, th, x) for th in stack_thetas(thetas)]).mean(0)
 
 
 # --- the shared baseline table -------------------------------------------------------------------
@@ -192,7 +193,7 @@ def merge_baselines(model: torch.nn.Module, theta0: torch.Tensor, thetas, val: t
     (when `fisher_data` gives each model's (x, y) rows for its diagonal Fisher) and "output ensemble".
     Extra merges of a notebook are scored with the same `predict_proba`/`accuracy` pair."""
     from .methods.fisher_merging import diagonal_fisher, fisher_merge
-    t = _stack(thetas)
+    t = stack_thetas(thetas)
     names = list(names) if names is not None else [f"model {k}" for k in range(len(t))]
     if len(names) != len(t):
         raise ValueError(f"names must name each of the {len(t)} models, got {len(names)}")

@@ -47,7 +47,7 @@ def layerwise_merge(theta0: torch.Tensor, taus: torch.Tensor, weights, layers: S
                     dare_rates: Sequence[float] | None = None, dare_seed: int = 0) -> torch.Tensor:
     """θ₀ + Σ_m w_{m,l} τ_{m,l} per layer l (`weights` [K, L]); with `dare_rates` p_m each τ_m is first DARE-d
     (drop with probability p_m, rescale by 1/(1 − p_m)) with masks keyed by `dare_seed`, so one recipe is one model."""
-    t = merging._stack(taus)
+    t = merging.stack_thetas(taus)
     if t.shape[1:] != theta0.shape:
         raise ValueError(f"taus must be [K, {theta0.numel()}] task vectors of theta0, got {tuple(t.shape)}")
     w = torch.as_tensor(np.asarray(weights, dtype=np.float64), dtype=t.dtype)

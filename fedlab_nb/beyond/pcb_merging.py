@@ -62,7 +62,7 @@ def pcb_scores(taus, clip_quantile: float = CLIP_QUANTILE) -> tuple[torch.Tensor
     """(clipped τ̃, balancing score) for the stacked task vectors [n, d]: score = intra ⊙ inter with
     intra = exp(n · minmax(|τ̃_i|)²) and inter = tanh(τ_i ⊙ Σ_j τ_j)."""
     _check_clip(clip_quantile)
-    t = merging._stack(taus)
+    t = merging.stack_thetas(taus)
     mag = _clamp_order_stats(t.abs(), clip_quantile, clip_quantile)
     intra = torch.exp(len(t) * _minmax(mag) ** 2)
     inter = torch.tanh(t * t.sum(0))  # sign disagreement with the total mass gives a negative score
@@ -95,7 +95,7 @@ def pcb_model(theta0: torch.Tensor, taus, lam: float, ratio: float = 0.1,
 def sign_conflict_share(taus, top: float = 0.2) -> float:
     """A conflict diagnostic (TIES-style): trim each τ_i to its top-`top` magnitudes; among the coordinates that
     at least two tasks keep, the share where the kept entries do not all have one sign."""
-    t = merging._stack(taus)
+    t = merging.stack_thetas(taus)
     if not 0 < top <= 1:
         raise ValueError(f"top must be in (0, 1], got {top}")
     k = max(1, int(round(top * t.shape[1])))

@@ -163,7 +163,7 @@ LESSONS = (
             "(gradient tracking with inexact communication)",),
            "convex optimisation; random walks"),
     Lesson("beyond", "Aggregation beyond federated training",
-           ("wise_ft", "dca", "wakd", "pareto_manifold", "hdee", "run_off_election", "hash_bagging", "jacobian_descent", "moe_reduction",
+           ("wise_ft", "dca", "wakd", "pareto_manifold", "pcb_merging", "evolutionary_merge", "hdee", "run_off_election", "hash_bagging", "jacobian_descent", "moe_reduction",
             "smc_fusion", "locational_dp"),
            ("basics", "robustness", "privacy", "communication"),
            ("interpolate a pretrained and a fine-tuned model's weights (WiSE-FT), count the inputs both get wrong and "
@@ -174,6 +174,10 @@ LESSONS = (
             "distillation, and test whether it helps on unseen domains (WAKD)",
             "train one weight member per task on random mixtures to get a whole trade-off line from one run, and "
             "check when a Pareto set is a straight line (Pareto manifold learning)",
+            "give every task-vector coordinate its own coefficient from importance and agreement (PCB-Merging), "
+            "and compare it with task arithmetic, TIES and the Fisher merge under one tuning budget",
+            "search per-layer merge weights with CMA-ES from one-shot FedAvg and task arithmetic, and watch a "
+            "validation-only guarantee turn into overfitting (evolutionary merging)",
             "aggregate mixture models from local fits by matching components instead of averaging them, and see "
             "why exchangeable components break FedAvg-style averaging (MoE reduction)",
             "combine parties' sub-posteriors as a product, see Gaussian and consensus rules fail on skewed ones "
