@@ -153,9 +153,12 @@ LESSONS = (
             "and measure why that scales linearly in the inner dimension (DSBO)"),
            "implicit differentiation; hypergradients"),
     Lesson("more", "Fairness, incentives, adversarial training and decentralised learning",
-           ("aglfop", "vra_dgt"),
+           ("aglfop", "dp_robust", "vra_dgt"),
            ("basics", "robustness", "privacy"),
-           ("audit a federated model's global and local group fairness with a partial information decomposition, "
+           ("add DP noise and Byzantine workers together and see a top-eigenvalue rule (SMEA) pay only a constant "
+            "factor of the unavoidable DP error, where trace-driven rules pay a factor growing with n "
+            "(the privacy-robustness-utility trilemma)",
+            "audit a federated model's global and local group fairness with a partial information decomposition, "
             "and see why local fairness implies global fairness only when the sensitive attribute is independent "
             "of the client (AGLFOP)",
             "see why gradient tracking works (the tracking variables always sum to the gradients), how a noisy link "
