@@ -153,11 +153,13 @@ LESSONS = (
             "and measure why that scales linearly in the inner dimension (DSBO)"),
            "implicit differentiation; hypergradients"),
     Lesson("more", "Fairness, incentives, adversarial training and decentralised learning",
-           ("aglfop", "dp_robust", "fair_bfl", "vra_dgt"),
+           ("aglfop", "fal", "dp_robust", "fair_bfl", "vra_dgt"),
            ("basics", "robustness", "privacy"),
            ("add DP noise and Byzantine workers together and see a top-eigenvalue rule (SMEA) pay only a constant "
             "factor of the unavoidable DP error, where trace-driven rules pay a factor growing with n "
             "(the privacy-robustness-utility trilemma)",
+            "make adversarial training a client-side change of FedAvg (PGD examples of each local batch), and "
+            "measure robust accuracy gained against clean accuracy lost (FAL)",
             "score clients from their updates, split a fixed reward budget by the score, compare it with exact "
             "Shapley values, and keep the history in a hash-chained ledger (a FAIR-BFL-style contribution rule)",
             "audit a federated model's global and local group fairness with a partial information decomposition, "
