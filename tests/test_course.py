@@ -110,7 +110,8 @@ def test_every_claims_file_is_in_the_course():
         assert pid in order, f"papers/{pid}.yaml is not in course.LESSONS"
     assert set(PRIVACY) <= set(course.lesson_of("dp_fedavg").papers)
     assert [lesson.key for lesson in course.LESSONS] == ["basics", "heterogeneity", "weights", "robustness",
-                                                          "privacy", "communication", "personalisation", "bilevel"]
+                                                          "privacy", "communication", "personalisation", "bilevel", "more",
+                                                          "beyond"]
     course.check_lessons()
 
 
