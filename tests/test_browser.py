@@ -90,6 +90,15 @@ def _prompts(page) -> list[str]:
     return page.eval_on_selector_all(".jp-CodeCell .jp-InputPrompt", "els => els.map(e => e.textContent)")
 
 
+def _choose_python_kernel(dialog):
+    """In the kernel-choice dialog, pick the Python kernel: accepting it as shown may mean "No Kernel"."""
+    select = dialog.locator("select")
+    if select.count():
+        python = [t for t in select.first.locator("option").all_inner_texts() if t.strip().startswith("Python")]
+        if python:
+            select.first.select_option(label=python[0])
+
+
 def _dismiss_dialogs(page) -> list[str]:
     """Accept any modal JupyterLab dialog (e.g. the kernel choice when the kernel starts slowly on a loaded
     machine); it would intercept the menu clicks. Returns the dialogs' texts, for the failure message."""
@@ -97,6 +106,7 @@ def _dismiss_dialogs(page) -> list[str]:
     for dialog in page.locator(".jp-Dialog").all():
         if dialog.is_visible():
             seen.append(dialog.inner_text()[:200])
+            _choose_python_kernel(dialog)
             accept = dialog.locator(".jp-Dialog-button.jp-mod-accept")
             accept.first.click() if accept.count() else page.keyboard.press("Escape")
     return seen
