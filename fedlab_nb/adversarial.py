@@ -22,15 +22,16 @@ def model_fn(model: torch.nn.Module, theta: torch.Tensor):
     return lambda x: functional_call(model, params, (x,))
 
 
-def _check(eps: float, alpha: float, steps: int, norm: str) -> None:
+def check_pgd_args(eps: float, alpha: float, steps: int, norm: str, who: str = "pgd") -> None:
+    """ValueError naming the bad PGD parameter (`who`: whose parameters they are, for the message)."""
     if not eps >= 0:
-        raise ValueError(f"pgd's eps (the radius of the ball) must be >= 0, got {eps}")
+        raise ValueError(f"{who}'s eps (the radius of the perturbation ball) must be >= 0, got {eps}")
     if not alpha >= 0:
-        raise ValueError(f"pgd's alpha (the step size) must be >= 0, got {alpha}")
+        raise ValueError(f"{who}'s alpha (the PGD step size) must be >= 0, got {alpha}")
     if isinstance(steps, bool) or int(steps) != steps or steps < 0:
-        raise ValueError(f"pgd's steps must be an integer >= 0, got {steps!r}")
+        raise ValueError(f"{who}'s steps (PGD steps) must be an integer >= 0, got {steps!r}")
     if norm not in NORMS:
-        raise ValueError(f"pgd's norm must be one of {NORMS}, got {norm!r}")
+        raise ValueError(f"{who}'s norm must be one of {NORMS}, got {norm!r}")
 
 
 def _row_norms(v: torch.Tensor) -> torch.Tensor:
@@ -68,7 +69,7 @@ def pgd(model_fn, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: float, st
     `model_fn(x) -> logits`; `loss_fn(logits, y, reduction="sum")` is ascended (a sum, so every row follows
     its own gradient). `generator` keys the random start (`rand_init=False`: start at x). eps = 0 returns x
     exactly. Every output lies in the ε-ball around x and, unless `clip=None`, in [0, 1]."""
-    _check(eps, alpha, steps, norm)
+    check_pgd_args(eps, alpha, steps, norm)
     x = x.detach()
     x_adv = random_start(x, eps, norm, generator, clip) if rand_init else x.clone()
     for _ in range(int(steps)):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad_and_value
 
-from ..adversarial import NORMS, model_fn, pgd
+from ..adversarial import check_pgd_args, model_fn, pgd
 from ..core.registry import register
 from ..core.streams import register_stream
 from ..utils import rng
@@ -63,14 +63,7 @@ def fal(eps: float = 0.1, alpha: float | None = None, steps: int = 5, norm: str 
         server_lr: float = 1.0) -> Method:
     """`eps`: the radius ρ of the perturbation ball (0 = FedAvg); `alpha`: the PGD step (None: ρ/4);
     `steps`: PGD steps of the inner loop; `norm`: "linf" or "l2"."""
-    if not eps >= 0:
-        raise ValueError(f"FAL's eps (ρ, the perturbation radius) must be >= 0 (0 = FedAvg), got {eps}")
     alpha = eps / 4 if alpha is None else alpha
-    if not alpha >= 0:
-        raise ValueError(f"FAL's alpha (the PGD step size) must be >= 0, got {alpha}")
-    if isinstance(steps, bool) or int(steps) != steps or steps < 0:
-        raise ValueError(f"FAL's steps (PGD steps) must be an integer >= 0, got {steps!r}")
-    if norm not in NORMS:
-        raise ValueError(f"FAL's norm must be one of {NORMS}, got {norm!r}")
+    check_pgd_args(eps, alpha, steps, norm, who="FAL")
     return Method("fal", weighting=DataSizeWeighting(), rule=weighted_mean, server_opt=ServerSGD(lr=server_lr),
                   client=FALClient(float(eps), float(alpha), int(steps), norm))

@@ -35,6 +35,7 @@ import torch
 from ..core.registry import register
 from ..gossip import check_mixing, mix
 from ..utils import check_positive_int
+from ..utils import loglog_slope as utils_loglog_slope
 
 DTYPE = torch.float64
 CHANNELS = ("exact", "gaussian", "laplace")
@@ -200,6 +201,4 @@ def loglog_slope(k, values, k_min: float, k_max: float) -> float:
     keep = (k >= k_min) & (k <= k_max) & (v > 0)
     if keep.sum() < 3:
         raise ValueError(f"fewer than 3 recorded points in k ∈ [{k_min}, {k_max}]; widen the window or record more often")
-    lk, lv = torch.log(k[keep]), torch.log(v[keep])
-    lk0 = lk - lk.mean()
-    return float((lk0 * (lv - lv.mean())).sum() / (lk0 ** 2).sum())
+    return utils_loglog_slope(k[keep], v[keep])

@@ -30,6 +30,7 @@ from ..core.registry import register
 from ..robust.attacks import choose_byzantine, get_attack
 from . import accounting
 from .dp import clip_rows
+from ..utils import loglog_slope  # noqa: F401  (the notebook's rate fits)
 
 
 # --- the aggregation rule ------------------------------------------------------------------------------
@@ -156,8 +157,3 @@ def aggregate(updates: Tensor, f: int, rule: str = "smea") -> Tensor:
     return smea(updates, f=f) if rule == "smea" else robust_rule(rule, f)(updates)
 
 
-def loglog_slope(x, y) -> float:
-    """Least-squares slope of log y against log x."""
-    lx, ly = torch.log(torch.as_tensor(x, dtype=torch.float64)), torch.log(torch.as_tensor(y, dtype=torch.float64))
-    lx = lx - lx.mean()
-    return float((lx * (ly - ly.mean())).sum() / (lx * lx).sum())
