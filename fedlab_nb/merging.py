@@ -35,7 +35,6 @@ def logits(model: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor) -> torc
     return functional_call(model, unflatten(theta, param_spec(model)), (x,))
 
 
-_logits = logits  # the name the first merge notebooks used
 
 
 def fit(model: torch.nn.Module, theta: torch.Tensor | None, x: torch.Tensor, y: torch.Tensor, *, epochs: int = 1,
