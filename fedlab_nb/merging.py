@@ -35,8 +35,6 @@ def logits(model: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor) -> torc
     return functional_call(model, unflatten(theta, param_spec(model)), (x,))
 
 
-
-
 def fit(model: torch.nn.Module, theta: torch.Tensor | None, x: torch.Tensor, y: torch.Tensor, *, epochs: int = 1,
         lr: float = 0.05, batch_size: int = 32, optimizer: str = "sgd", weight_decay: float = 0.0, seed: int = 0,
         loss_fn: Callable | None = None) -> torch.Tensor:
