@@ -202,6 +202,20 @@ def test_fused_step_equals_loop(name, kwargs):
     torch.testing.assert_close(l_fused, l_loop, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("block_bytes", [1, 2 * 4 * 90, 3 * 4 * 90])
+def test_fused_cache_blocks_change_nothing(monkeypatch, block_bytes):
+    """Blocks of 1, 2 or 3 clients (uneven step counts, a straggler) give the one-block result bit for bit."""
+    from fedlab_nb.engine import fused
+    torch.manual_seed(0)
+    model = make_model("mlp", (12,), 4, hidden=(5,))   # d = 12·5 + 5 + 5·4 + 4 = 89 ≤ 90
+    theta, jobs = flatten_params(model), make_jobs()
+    one = batched.train_clients_fused(make_loss(model), theta, jobs, 0.2, LocalObjective())
+    monkeypatch.setattr(fused, "BLOCK_BYTES", block_bytes)
+    assert fused.block_clients(theta.numel(), 4) == max(1, block_bytes // (4 * 89))
+    blocked = batched.train_clients_fused(make_loss(model), theta, jobs, 0.2, LocalObjective())
+    assert torch.equal(blocked[0], one[0]) and torch.equal(blocked[1], one[1])
+
+
 def test_fused_backend_runs_fused_only_where_it_is_exact(monkeypatch, digits_fed):
     from fedlab_nb.engine import fused
     calls = []

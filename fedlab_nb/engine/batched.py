@@ -177,7 +177,8 @@ def _client_step(loss, spec, objective, with_correction: bool, model=None):
 def _train_chunk(step, spec, theta, jobs, lr, start=None, optimizer=None, trained=None, layers=None):
     """Local training of `jobs` (sorted by τ, longest first) from their start rows (θ by default), anchored
     at θ; returns (W [c, d], mean loss [c]). Only tensors in `trained` move (all when None). `layers`: take
-    the fused SGD step of engine/fused.py instead of the vmapped autograd step."""
+    the fused SGD step of engine/fused.py instead of the vmapped autograd step, a cache block of clients at
+    a time (fused.train_blocked)."""
     dev, c = theta.device, len(jobs)
     sizes = np.array([len(j.y) for j in jobs])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -199,11 +200,12 @@ def _train_chunk(step, spec, theta, jobs, lr, start=None, optimizer=None, traine
         views = {k: stacked_views(b, spec) for k, b in buffers.items()}
     step_lr = lr if optimizer is None or optimizer.lr is None else optimizer.lr
     total = theta.new_zeros(c)
+    if layers is not None:
+        block = fused.block_clients(W.shape[1], W.element_size())
+        fused.train_blocked(P, layers, active, width, rows, mask, x, y, step_lr, total, block)
+        return W, total / torch.as_tensor(tau, device=dev, dtype=theta.dtype).clamp_min(1)
     for s, (a, b) in enumerate(zip(active, width)):
         idx = rows[s, :a, :b]
-        if layers is not None:
-            total[:a] += fused.sgd_step_(P, layers, a, x[idx], y[idx], mask[s, :a, :b], step_lr)
-            continue
         g, loss = batched({n: p[:a] for n, p in P.items()}, x[idx], y[idx], mask[s, :a, :b],
                           ctx[:a] if with_ctx else None, theta)
         t = torch.tensor(s + 1)  # every active client is at its (s+1)-th step
