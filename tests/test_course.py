@@ -111,7 +111,7 @@ def test_every_claims_file_is_in_the_course():
     assert set(PRIVACY) <= set(course.lesson_of("dp_fedavg").papers)
     assert [lesson.key for lesson in course.LESSONS] == ["basics", "heterogeneity", "weights", "robustness",
                                                           "privacy", "communication", "personalisation", "bilevel", "more",
-                                                          "beyond"]
+                                                          "labels", "beyond"]
     course.check_lessons()
 
 

@@ -65,12 +65,18 @@ LESSONS = (
             "measure label skew with EMD and JS, and see FedAvg's accuracy fall as α falls, over several seeds"),
            "Python, NumPy, a first PyTorch training loop (SGD, cross-entropy)"),
     Lesson("heterogeneity", "Algorithms for heterogeneous clients",
-           ("baselines", "moon_feddyn", "fedbn", "natural_partitions"),
+           ("baselines", "moon_feddyn", "fedbn", "natural_partitions", "fedld", "fedftg"),
            ("basics",),
            ("explain client drift and what FedProx's proximal term, SCAFFOLD's control variates, FedNova's "
             "normalisation and FedAdam's server optimiser each change",
             "compare MOON's contrastive loss and FedDyn's dynamic regulariser with them under Dirichlet(0.1)",
-            "see feature shift as non-IID data too, and why FedBN's local BatchNorm statistics absorb it"),
+            "see feature shift as non-IID data too, and why FedBN's local BatchNorm statistics absorb it",
+            "split the global loss exactly into local, distribution-shift and aggregation terms for any models, "
+            "and see that lowering one (a margin penalty, a principal-gradient aggregation) can be paid back in "
+            "another (FedLD)",
+            "improve the averaged model on a server with no data: train a generator whose samples the client "
+            "models agree on and distil their class-weighted ensemble, and name what it costs in privacy (the "
+            "clients' label histograms) and server compute (FedFTG)"),
            "gradient descent with momentum and Adam; BatchNorm"),
     Lesson("weights", "Aggregation weights and participation",
            ("fedau", "afl", "feddisco", "ida", "ldawa", "fedlaw", "fedgp", "fedce", "aggregation_weights"),
@@ -122,7 +128,7 @@ LESSONS = (
            "bits and bytes; low-rank matrices; processes and ports; a terminal"),
     Lesson("personalisation", "Personalised federated learning",
            ("personalisation_baselines", "personalisation_more", "clustered_fl", "apfl", "self_fl", "pgfed",
-            "fedselect", "inco", "fedloge", "fot", "ggeur"), ("basics", "heterogeneity"),
+            "fedselect", "inco", "fedloge", "fot", "ggeur", "fed_pub"), ("basics", "heterogeneity"),
            ("evaluate every client's own model on its own test split, next to the global model (one honest "
             "protocol)",
             "compare fine-tuning, shared bodies with local heads (FedPer, FedRep, FedBABU, LG-FedAvg), regularised "
@@ -137,7 +143,10 @@ LESSONS = (
             "learn a sequence of tasks without forgetting by projecting updates away from old tasks' activation "
             "subspaces (FOT)",
             "pool per-class covariances from client statistics exactly and augment embeddings along them under "
-            "label and domain skew (GGEUR)"),
+            "label and domain skew (GGEUR)",
+            "find which clients hold similar data from their weights alone, by feeding every client's graph network "
+            "the same random graph and comparing outputs, and give each client its own similarity-weighted average "
+            "(FED-PUB)"),
            "train / validation / test splits; transfer learning"),
     Lesson("bilevel", "Bilevel federated optimisation",
            ("hypergradients", "pbgd", "warm_cold_start", "fedmbo", "dsbo"), ("personalisation",),
@@ -169,6 +178,19 @@ LESSONS = (
             "turns that sum's error into a random walk, and why damping alone does not restore the rate "
             "(gradient tracking with inexact communication)",),
            "convex optimisation; random walks"),
+    Lesson("labels", "Scarce labels, unseen classes, new domains and mixed hardware",
+           ("fedlabel", "fedossl", "fedins"),
+           ("basics", "heterogeneity", "personalisation"),
+           ("keep a private local model next to the global one and pseudo-label unlabelled data with the more "
+            "confident of the two, checked exactly against FedAvg and audited against the hidden labels, and see "
+            "why over-confident local models make the selection fail at toy scale (FedLabel)",
+            "score classes no client has labels for by Hungarian matching, ask whether a class held by one client "
+            "is found worse than classes held by two, and see what a suppressed loss and a server centroid "
+            "calibration each change, alone and together (FedoSSL)",
+            "turn scale-and-shift tuning (γ ⊙ h + β on a frozen backbone) into a federated method that uploads a few "
+            "per-feature vectors, route each instance to its own entries of a key pool, and check exactly that it "
+            "reduces to federated SSF and whether the routing follows the domains or collapses (FedIns)"),
+           "semi-supervised learning (pseudo-labels, consistency)"),
     Lesson("beyond", "Aggregation beyond federated training",
            ("wise_ft", "dca", "wakd", "pareto_manifold", "pcb_merging", "evolutionary_merge", "hdee", "run_off_election", "hash_bagging", "jacobian_descent", "moe_reduction",
             "smc_fusion", "locational_dp"),
