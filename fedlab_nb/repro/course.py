@@ -179,7 +179,7 @@ LESSONS = (
             "(gradient tracking with inexact communication)",),
            "convex optimisation; random walks"),
     Lesson("labels", "Scarce labels, unseen classes, new domains and mixed hardware",
-           ("fedlabel", "fedossl", "fedins"),
+           ("fedlabel", "fedossl", "fedins", "prowd"),
            ("basics", "heterogeneity", "personalisation"),
            ("keep a private local model next to the global one and pseudo-label unlabelled data with the more "
             "confident of the two, checked exactly against FedAvg and audited against the hidden labels, and see "
@@ -189,7 +189,10 @@ LESSONS = (
             "calibration each change, alone and together (FedoSSL)",
             "turn scale-and-shift tuning (γ ⊙ h + β on a frozen backbone) into a federated method that uploads a few "
             "per-feature vectors, route each instance to its own entries of a key pool, and check exactly that it "
-            "reduces to federated SSF and whether the routing follows the domains or collapses (FedIns)"),
+            "reduces to federated SSF and whether the routing follows the domains or collapses (FedIns)",
+            "quantise weights uniformly to b bits with a straight-through estimator, and see why averaging 2-bit "
+            "devices' weights with full-precision models hurts the full-precision devices most (ProWD; the "
+            "dequantiser is our simplification)"),
            "semi-supervised learning (pseudo-labels, consistency)"),
     Lesson("beyond", "Aggregation beyond federated training",
            ("wise_ft", "dca", "wakd", "pareto_manifold", "pcb_merging", "evolutionary_merge", "hdee", "run_off_election", "hash_bagging", "jacobian_descent", "moe_reduction",
