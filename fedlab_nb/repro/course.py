@@ -179,7 +179,7 @@ LESSONS = (
             "(gradient tracking with inexact communication)",),
            "convex optimisation; random walks"),
     Lesson("labels", "Scarce labels, unseen classes, new domains and mixed hardware",
-           ("fedlabel", "fedossl", "fedins", "prowd"),
+           ("fedlabel", "fedossl", "fedka", "fedins", "prowd"),
            ("basics", "heterogeneity", "personalisation"),
            ("keep a private local model next to the global one and pseudo-label unlabelled data with the more "
             "confident of the two, checked exactly against FedAvg and audited against the hidden labels, and see "
@@ -187,6 +187,9 @@ LESSONS = (
             "score classes no client has labels for by Hungarian matching, ask whether a class held by one client "
             "is found worse than classes held by two, and see what a suppressed loss and a server centroid "
             "calibration each change, alone and together (FedoSSL)",
+            "build and check an unbiased MMD estimator, align clients to an unlabelled target domain by broadcasting "
+            "only feature embeddings and voting on pseudo-labels, and see why consensus labels from weak clients do "
+            "not help at toy scale (FedKA)",
             "turn scale-and-shift tuning (γ ⊙ h + β on a frozen backbone) into a federated method that uploads a few "
             "per-feature vectors, route each instance to its own entries of a key pool, and check exactly that it "
             "reduces to federated SSF and whether the routing follows the domains or collapses (FedIns)",
