@@ -348,3 +348,51 @@ def test_parameter_validation(tmp_path):
     with pytest.raises(C.UnknownPaperError, match="did you mean tiny"):
         reproduce("tiy", root=root, out_dir=tmp_path / "r")
     assert not (tmp_path / "r").exists()  # nothing ran, nothing written
+
+
+# ---------------------------------------------------------------------------------------------- also_seen
+def _seeded(data, i=1, **extra):
+    data["claims"][i].update(seeds=5, **extra)
+    return data
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: d["claims"][0].update(also_seen={C.INCONCLUSIVE: "elsewhere"}), "single-run claim"),
+    (lambda d: _seeded(d, also_seen={C.NOT_REPRODUCED: "another CPU, margin -0.01 ± 0.005"}), "both reproduced and not"),
+    (lambda d: _seeded(d, also_seen={C.REPRODUCED: "same as stored"}), "other than the stored"),
+    (lambda d: _seeded(d, also_seen={"ok": "x"}), "other than the stored"),
+    (lambda d: _seeded(d, also_seen={C.INCONCLUSIVE: ""}), "where it was seen"),
+    (lambda d: _seeded(d, also_seen=[C.INCONCLUSIVE]), "a mapping"),
+])
+def test_also_seen_is_refused_where_it_would_hide_a_flip(tmp_path, edit, expected):
+    data = fixture_claims()
+    edit(data)
+    with pytest.raises(C.ClaimsFileError, match=expected):
+        C.load_claims(write_claims(tmp_path, data))
+
+
+def test_also_seen_accepts_only_the_listed_adjacent_verdict(tmp_path):
+    data = _seeded(fixture_claims(), also_seen={C.INCONCLUSIVE: "another CPU: margin +0.01 ± 0.02"})
+    seen = C.load_claims(write_claims(tmp_path, data)).claims[1]
+    assert seen.accepted == (C.REPRODUCED, C.INCONCLUSIVE)
+    row = {"id": seen.id, "stored_verdict": seen.verdict, "also_seen": seen.also_seen, "reason": None}
+    assert mismatches({"claims": [dict(row, verdict=C.INCONCLUSIVE)]}) == []
+    wrong = mismatches({"claims": [dict(row, verdict=C.NOT_REPRODUCED)]})
+    assert wrong == [f"{seen.id}: got 'not reproduced at this scale', claims file says 'reproduced' or "
+                     "'inconclusive at this scale'"]
+
+
+def test_also_seen_line_is_the_same_for_nbval_whichever_accepted_verdict_a_run_gives():
+    import configparser
+    import re
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).parents[1] / "notebooks" / "sanitize.cfg")
+    rule = cfg["also_seen_run_verdict"]
+    c = C.Claim(id="c", text="t", metric="acc", expect=parse_expectation("> 0.9"), partial=None, paper_value=None,
+                verdict=C.REPRODUCED, note=None, seeds=5, also_seen={C.INCONCLUSIVE: "another CPU"})
+    lines = {v: C.claim_line(c, v) for v in (C.REPRODUCED, C.INCONCLUSIVE, C.NOT_REPRODUCED)}
+    assert lines[C.INCONCLUSIVE] == "c (acc > 0.9, 5 seeds): REPRODUCED or INCONCLUSIVE AT THIS SCALE (this run: " \
+                                    "INCONCLUSIVE AT THIS SCALE)"
+    masked = {v: re.sub(rule["regex"], rule["replace"], line) for v, line in lines.items()}
+    assert len(set(masked.values())) == 1   # nbval cannot tell them apart: the claims check must (mismatches)
+    assert C.claim_line(c, C.ERROR, "metric acc was not recorded").endswith("ERROR (metric acc was not recorded)")

@@ -59,6 +59,12 @@ class Claim:
     note: str | None
     seeds: int | None = None                # judged on this many per-seed values (verdicts.py)
     confidence: float = DEFAULT_CONFIDENCE  # of the one-sided bounds, for seeded claims
+    also_seen: dict | None = None           # {verdict: where}: an adjacent verdict seen on another platform/seed set
+
+    @property
+    def accepted(self) -> tuple[str, ...]:
+        """The stored verdict, then those also seen: the verdicts a run of this claim may give."""
+        return (self.verdict, *(self.also_seen or {}))
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,8 @@ _TOP = ("id", "method", "paper", "seed_quote", "code", "notebook", "scales", "cl
 _TOLERANCE = ("rtol", "atol")
 _PAPER = ("title", "authors", "venue", "year", "url")
 _SCALE = ("device", "seconds", "parameters", "note")
-_CLAIM = ("id", "text", "metric", "expect", "partial", "paper_value", "verdict", "note", "seeds", "confidence")
+_CLAIM = ("id", "text", "metric", "expect", "partial", "paper_value", "verdict", "note", "seeds", "confidence",
+          "also_seen")
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 
 
@@ -191,6 +198,30 @@ def _seed_fields(c: _Checker, entry: dict, where: str) -> tuple[int | None, floa
             c.fail(f"{where}.{key}", f"is {text!r} with seeds: {seeds}", "<, <=, >, >=, 'within' or 'between' "
                    "(== cannot be judged over seeds: keep an exact claim single-run, without seeds)")
     return seeds, float(confidence) if confidence is not None else DEFAULT_CONFIDENCE
+
+
+def _also_seen(c: _Checker, entry: dict, where: str, verdict: str, seeds: int | None) -> dict | None:
+    """`also_seen: {inconclusive at this scale: "where it was seen, with numbers"}`: verdicts next to the stored one
+    that a seeded claim gave under a change that should not matter (another CPU's floating-point path, another
+    seed offset). Never both reproduced and not reproduced: such a claim flips and must be rewritten."""
+    raw = entry.get("also_seen")
+    if raw is None:
+        return None
+    if seeds is None:
+        c.fail(f"{where}.also_seen", "is set on a single-run claim", "no also_seen: an exact claim must give its "
+               "stored verdict everywhere")
+    if not isinstance(raw, dict) or not raw:
+        c.fail(f"{where}.also_seen", f"is {raw!r}", "a mapping {verdict: where it was seen, with numbers}")
+    for seen, why in raw.items():
+        if seen not in STORED_VERDICTS or seen == verdict:
+            c.fail(f"{where}.also_seen", f"has the key {seen!r}", f"a verdict other than the stored {verdict!r}, one "
+                   f"of {' | '.join(STORED_VERDICTS)}")
+        if not isinstance(why, str) or not why.strip():
+            c.fail(f"{where}.also_seen.{seen}", f"is {why!r}", "where it was seen, with the numbers")
+    if {REPRODUCED, NOT_REPRODUCED} <= {verdict, *raw}:
+        c.fail(f"{where}.also_seen", "holds both reproduced and not reproduced", "adjacent verdicts only (a claim "
+               "seen both ways flips: rewrite it, or store it as inconclusive)")
+    return dict(raw)
 
 
 def _figure_tolerance(c: _Checker, raw) -> dict | None:
@@ -255,7 +286,8 @@ def load_claims(path: Path | str) -> Paper:
     claims, seen = [], set()
     for i, raw in enumerate(data["claims"]):
         where = f"claims[{i}]"
-        entry = c.mapping(raw, where, _CLAIM, optional=("partial", "paper_value", "note", "seeds", "confidence"))
+        entry = c.mapping(raw, where, _CLAIM, optional=("partial", "paper_value", "note", "seeds", "confidence",
+                                                       "also_seen"))
         cid = c.value(entry, "id", f"{where}.id", (str,), "an identifier such as 'weight_invariance'")
         if not _IDENT.match(cid) or cid in seen:
             c.fail(f"{where}.id", f"is {cid!r}", "a unique identifier (letters, digits, _)")
@@ -283,6 +315,7 @@ def load_claims(path: Path | str) -> Paper:
             note=note,
             seeds=seeds,
             confidence=confidence,
+            also_seen=_also_seen(c, entry, where, verdict, seeds),
         ))
     return Paper(id=pid, method=text_fields["method"], paper=dict(paper), seed_quote=text_fields["seed_quote"],
                  code=code, notebook=text_fields["notebook"], scales=scales, claims=tuple(claims), path=path,
@@ -349,9 +382,13 @@ def paper_verdict(verdicts: list[str]) -> str:
 
 
 def claim_line(claim: Claim, verdict: str, reason: str | None = None) -> str:
-    """The stable line printed by check_claims: no measured numbers in it (a seeded claim says its n)."""
+    """The stable line printed by check_claims: no measured numbers in it (a seeded claim says its n). A claim
+    with `also_seen` names every accepted verdict, then this run's, which notebooks/sanitize.cfg masks for nbval
+    (the run's verdict is still judged against the accepted ones: runner.mismatches)."""
     label = f"ERROR ({reason})" if verdict == ERROR else verdict.upper()
     seeds = f", {claim.seeds} seeds" if claim.seeds is not None else ""
+    if claim.also_seen and verdict != ERROR:
+        label = " or ".join(v.upper() for v in claim.accepted) + f" (this run: {label})"
     return f"{claim.id} ({claim.metric} {claim.expect.text}{seeds}): {label}"
 
 

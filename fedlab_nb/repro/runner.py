@@ -289,8 +289,8 @@ def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict,
         rows.append({"id": claim.id, "text": claim.text, "metric": claim.metric, "expect": claim.expect.text,
                      "partial": claim.partial.text if claim.partial else None, "paper_value": claim.paper_value,
                      "ours": run["metrics"].get(claim.metric), "verdict": verdict, "reason": reason,
-                     "stored_verdict": claim.verdict, "seeds": claim.seeds, "interval": summary,
-                     "note": claim.note})
+                     "stored_verdict": claim.verdict, "also_seen": claim.also_seen, "seeds": claim.seeds,
+                     "interval": summary, "note": claim.note})
     run_dir = Path(run["run_dir"])
     result = {
         "paper": paper.id, "method": paper.method, "title": paper.paper.get("title"), "scale": scale,
@@ -325,7 +325,10 @@ def _outputs_intact(result: dict, out_dir: Path) -> bool:
 
 
 def mismatches(result: dict) -> list[str]:
-    """Claims whose verdict differs from the verdict stored in the claims file (meaningful at smoke scale)."""
-    return [f"{r['id']}: got {r['verdict']!r}, claims file says {r['stored_verdict']!r}"
+    """Claims whose verdict is neither the one stored in the claims file nor one it lists under `also_seen`
+    (meaningful at smoke scale)."""
+    def says(r):
+        return repr(r["stored_verdict"]) + "".join(f" or {v!r}" for v in r.get("also_seen") or {})
+    return [f"{r['id']}: got {r['verdict']!r}, claims file says {says(r)}"
             + (f" ({r['reason']})" if r.get("reason") else "")
-            for r in result["claims"] if r["verdict"] != r["stored_verdict"]]
+            for r in result["claims"] if r["verdict"] != r["stored_verdict"] and r["verdict"] not in (r.get("also_seen") or {})]
