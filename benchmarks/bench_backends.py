@@ -254,7 +254,7 @@ def bench_workload(fed, dataset, model_label, batch, lr, device, max_loop_client
 
 
 def ratios(table: pd.DataFrame, cpu_time: bool) -> pd.DataFrame:
-    """Per workload: vmap speed-up over loop and Flower, and vmap time over the compute limit.
+    """Per workload: vmap and fused speed-ups over loop and Flower, and their times over the limit and floor.
     On CPU the loop/vmap/limit ratios use this process's CPU time (steadier than wall time when other
     processes share the cores); Flower runs in worker processes, so its ratio uses wall time."""
     key = ["dataset", "model", "clients"]
@@ -268,6 +268,8 @@ def ratios(table: pd.DataFrame, cpu_time: bool) -> pd.DataFrame:
     if "flower" in set(table["backend"]):
         wall = table.pivot_table(index=key, columns="backend", values="seconds")
         out["vmap_speedup_over_flower"] = wall["flower"] / wall["vmap"]
+        if "fused" in wall:
+            out["fused_speedup_over_flower"] = wall["flower"] / wall["fused"]
     return out.reset_index()
 
 
