@@ -137,7 +137,8 @@ def cmd_list(args) -> int:
             seen = ", ".join(f"{s}: {r['verdict']}" + (f" [{summary_text(r.get('interval'))}]" if r.get("interval") else "")
                              for s, r in last.items() for r in r["claims"] if r["id"] == claim.id)
             seeds = f", {claim.seeds} seeds" if claim.seeds is not None else ""
-            print(f"  {claim.id} ({claim.metric} {claim.expect.text}{seeds}): stored {claim.verdict}"
+            also = "".join(f" (also seen: {v})" for v in claim.also_seen or {})
+            print(f"  {claim.id} ({claim.metric} {claim.expect.text}{seeds}): stored {claim.verdict}{also}"
                   + (f"; last {seen}" if seen else ""))
     free = sorted(f"{e.key} ({e.module.replace('.', '/')}.py)" for e in _registry().values() if not e.claims)
     if free:
