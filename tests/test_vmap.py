@@ -202,6 +202,26 @@ def test_fused_step_equals_loop(name, kwargs):
     torch.testing.assert_close(l_fused, l_loop, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("weights", [True, False])
+@pytest.mark.parametrize("row_bytes", [0, 2**30])   # rows written one by one / a parameter tensor at a time
+@pytest.mark.parametrize("budget", [1, None])       # one client per chunk / one chunk
+def test_fused_from_start_rows_in_chunks_equals_loop(monkeypatch, weights, row_bytes, budget):
+    """Per-client start rows (a client store), weights or Δ, one or several chunks: the per-parameter stacks
+    are written back into the right rows."""
+    from fedlab_nb.engine import fused as fused_step
+    monkeypatch.setattr(fused_step, "ROW_BYTES", row_bytes)
+    torch.manual_seed(0)
+    model = make_model("mlp", (12,), 4, hidden=(8, 6))
+    theta, jobs = flatten_params(model), make_jobs()
+    start = theta + 0.1 * torch.randn(len(jobs), theta.numel())
+    loop = train_clients_loop(make_loss(model), theta, jobs, 0.2, LocalObjective(), start=start, weights=weights)
+    monkeypatch.setattr(batched, "MEMORY_BUDGET", budget)
+    fused = batched.train_clients_fused(make_loss(model), theta, jobs, 0.2, LocalObjective(), start=start.clone(),
+                                        weights=weights)
+    torch.testing.assert_close(fused[0], loop[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(fused[1], loop[1], atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("block_bytes", [1, 2 * 4 * 90, 3 * 4 * 90])
 def test_fused_cache_blocks_change_nothing(monkeypatch, block_bytes):
     """Blocks of 1, 2 or 3 clients (uneven step counts, a straggler) give the one-block result bit for bit."""

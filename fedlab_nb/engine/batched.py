@@ -174,11 +174,12 @@ def _client_step(loss, spec, objective, with_correction: bool, model=None):
     return step
 
 
-def _train_chunk(step, spec, theta, jobs, lr, start=None, optimizer=None, trained=None, layers=None):
+def _train_chunk(step, spec, theta, jobs, lr, out, where, weights, start=None, optimizer=None, trained=None,
+                 layers=None):
     """Local training of `jobs` (sorted by τ, longest first) from their start rows (θ by default), anchored
-    at θ; returns (W [c, d], mean loss [c]). Only tensors in `trained` move (all when None). `layers`: take
-    the fused SGD step of engine/fused.py instead of the vmapped autograd step, a cache block of clients at
-    a time (fused.train_blocked)."""
+    at θ; writes their rows out[where] (W, or W − θ unless `weights`) and returns their mean loss [c]. Only
+    tensors in `trained` move (all when None). `layers`: take the fused SGD step of engine/fused.py
+    instead of the vmapped autograd step, a cache block of clients at a time (fused.train_blocked)."""
     dev, c = theta.device, len(jobs)
     sizes = np.array([len(j.y) for j in jobs])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -190,6 +191,15 @@ def _train_chunk(step, spec, theta, jobs, lr, start=None, optimizer=None, traine
     rows, mask = torch.as_tensor(rows, device=dev), torch.as_tensor(mask, device=dev, dtype=theta.dtype)
     with_ctx = jobs[0].ctx is not None
     ctx = torch.stack([j.ctx for j in jobs]).to(dev) if with_ctx else None
+    steps = torch.as_tensor(tau, device=dev, dtype=theta.dtype).clamp_min(1)
+    total = theta.new_zeros(c)
+    step_lr = lr if optimizer is None or optimizer.lr is None else optimizer.lr
+    if layers is not None:
+        P = fused.separate(theta if start is None else start, spec, c)
+        block = fused.block_clients(theta.numel(), theta.element_size())
+        fused.train_blocked(P, layers, active, width, rows, mask, x, y, step_lr, total, block)
+        fused.write_rows(out, where, P, spec, None if weights else theta)
+        return total / steps
     batched = vmap(step, in_dims=(0, 0, 0, 0, 0 if with_ctx else None, None))
     W = theta.repeat(c, 1) if start is None else start   # the clients' flat parameters, [c, d] (a fresh copy)
     P = stacked_views(W, spec)    # the same memory, one [c, *shape] view per parameter tensor
@@ -198,12 +208,6 @@ def _train_chunk(step, spec, theta, jobs, lr, start=None, optimizer=None, traine
     if not plain:
         buffers = {k: torch.zeros_like(W) for k in optimizer.state_names()}
         views = {k: stacked_views(b, spec) for k, b in buffers.items()}
-    step_lr = lr if optimizer is None or optimizer.lr is None else optimizer.lr
-    total = theta.new_zeros(c)
-    if layers is not None:
-        block = fused.block_clients(W.shape[1], W.element_size())
-        fused.train_blocked(P, layers, active, width, rows, mask, x, y, step_lr, total, block)
-        return W, total / torch.as_tensor(tau, device=dev, dtype=theta.dtype).clamp_min(1)
     for s, (a, b) in enumerate(zip(active, width)):
         idx = rows[s, :a, :b]
         g, loss = batched({n: p[:a] for n, p in P.items()}, x[idx], y[idx], mask[s, :a, :b],
@@ -215,7 +219,8 @@ def _train_chunk(step, spec, theta, jobs, lr, start=None, optimizer=None, traine
             else:
                 optimizer.step_(P[name][:a], g[name], {k: v[name][:a] for k, v in views.items()}, t, step_lr)
         total[:a] += loss.detach()
-    return W, total / torch.as_tensor(tau, device=dev, dtype=theta.dtype).clamp_min(1)
+    out.index_copy_(0, where, W if weights else W.sub_(theta))
+    return total / steps
 
 
 # --- the backend --------------------------------------------------------------------------------------
@@ -259,8 +264,8 @@ def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, obje
     for chunk in chunks:
         where = torch.as_tensor(order[chunk], device=theta.device)
         W0 = None if start is None else start.index_select(0, where)
-        W, l = _train_chunk(step, spec, theta, [jobs_sorted[i] for i in chunk], lr, W0, optimizer, trained, layers)
-        out.index_copy_(0, where, W if weights else W.sub_(theta))
+        l = _train_chunk(step, spec, theta, [jobs_sorted[i] for i in chunk], lr, out, where, weights, W0, optimizer,
+                         trained, layers)
         losses.index_copy_(0, where, l)
     return out, losses
 
