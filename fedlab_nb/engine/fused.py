@@ -57,15 +57,11 @@ def fusable(model, loss_fn, objective, optimizer, trained, ctx, with_correction:
 
 
 def separate(W: torch.Tensor, spec, c: int) -> dict[str, torch.Tensor]:
-    """Each parameter of the c clients as its own contiguous [c, *shape] tensor, from their flat rows
-    W [c, d], or from θ [d] (every client starts there)."""
-    out, i = {}, 0
-    for name, shape in spec:
-        n = math.prod(shape)
-        part = W[..., i:i + n].reshape(-1, *shape)
-        out[name] = part.expand(c, *shape).clone() if W.dim() == 1 else part.clone()
-        i += n
-    return out
+    """Each parameter of the c clients as its own contiguous [c, *shape] tensor (a copy), from their flat
+    rows W [c, d], or from θ [d] (every client starts there)."""
+    from .batched import stacked_views   # batched imports this module
+    rows = W.expand(c, -1) if W.dim() == 1 else W
+    return {name: v.clone(memory_format=torch.contiguous_format) for name, v in stacked_views(rows, spec).items()}
 
 
 ROW_BYTES = 4096   # rows at least this long are written one by one: one pass, the per-call overhead is small
