@@ -247,8 +247,26 @@ def test_fused_backend_runs_fused_only_where_it_is_exact(monkeypatch, digits_fed
     got = fl.simulate("fedavg", digits_fed, backend="fused", **kw)
     assert calls and got.meta["backend_used"] == "fused"
     assert_same_history(loop, got)
-    calls.clear()   # FedProx adds a correction term: the vmapped autograd step runs instead, same results
-    prox = fl.get_method("fedprox", mu=0.1)
-    assert_same_history(fl.simulate(prox, digits_fed, backend="loop", **kw), fl.simulate(prox, digits_fed, backend="fused", **kw))
+    calls.clear()   # MOON adds a loss term on the model: the vmapped autograd step runs instead, same results
+    moon = fl.get_method("moon", mu=1.0)
+    assert_same_history(fl.simulate(moon, digits_fed, backend="loop", **kw), fl.simulate(moon, digits_fed, backend="fused", **kw))
     assert not calls
     assert fused.linear_layers(make_model("cnn", (1, 8, 8), 10)) is None
+
+
+@pytest.mark.parametrize("blocked", [False, True])
+@pytest.mark.parametrize("method,kwargs", [("fedprox", {"mu": 0.5}), ("scaffold", {}), ("feddyn", {"alpha": 0.1})])
+def test_fused_step_with_correction_terms_equals_loop(monkeypatch, digits_fed, method, kwargs, blocked):
+    """FedProx's μ(w − θ), SCAFFOLD's c − c_k (client context), FedDyn's both: the fused step (one cache block,
+    or blocks of a few clients) gives the loop's History over rounds whose client state carries over."""
+    from fedlab_nb.engine import fused
+    calls, real = [], fused.sgd_step_
+    monkeypatch.setattr(fused, "sgd_step_", lambda *a, **k: calls.append(1) or real(*a, **k))
+    if blocked:  # two clients per block: the context rows must follow their block
+        monkeypatch.setattr(fused, "BLOCK_BYTES", 2 * 4 * (64 * 8 + 8 + 8 * 10 + 10))
+    kw = dict(rounds=3, clients_per_round=6, lr=0.1, progress=False, seed=0, model="mlp",
+              model_kwargs={"hidden": (8,)}, batch_size=16, stragglers=0.4)
+    loop = fl.simulate(fl.get_method(method, **kwargs), digits_fed, backend="loop", **kw)
+    got = fl.simulate(fl.get_method(method, **kwargs), digits_fed, **kw)   # "auto": fused where it applies
+    assert calls and got.meta["backend_used"] == "fused"
+    assert_same_history(loop, got)

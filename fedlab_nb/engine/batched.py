@@ -174,12 +174,24 @@ def _client_step(loss, spec, objective, with_correction: bool, model=None):
     return step
 
 
+def _fused_correction(objective, theta: torch.Tensor, ctx: torch.Tensor | None, spec):
+    """correction(lo, sub, a) for fused.train_blocked: the objective's term for clients lo..lo+a−1 at their
+    weights `sub` (per-parameter stacks), vmapped over clients as in the vmap step, as [a, *shape] stacks."""
+    term = vmap(objective.correction, in_dims=(0, None, None if ctx is None else 0))
+
+    def correction(lo, sub, a):
+        w = torch.cat([sub[name][:a].reshape(a, -1) for name, _ in spec], 1)  # the flat w the objective sees
+        return stacked_views(term(w, theta, None if ctx is None else ctx[lo:lo + a]), spec)
+    return correction
+
+
 def _train_chunk(step, spec, theta, jobs, lr, out, where, weights, start=None, optimizer=None, trained=None,
-                 layers=None):
+                 layers=None, corrected=None):
     """Local training of `jobs` (sorted by τ, longest first) from their start rows (θ by default), anchored
     at θ; writes their rows out[where] (W, or W − θ unless `weights`) and returns their mean loss [c]. Only
     tensors in `trained` move (all when None). `layers`: take the fused SGD step of engine/fused.py
-    instead of the vmapped autograd step, a cache block of clients at a time (fused.train_blocked)."""
+    instead of the vmapped autograd step, a cache block of clients at a time (fused.train_blocked), with
+    the correction term of the objective `corrected` (None: no term)."""
     dev, c = theta.device, len(jobs)
     sizes = np.array([len(j.y) for j in jobs])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -197,7 +209,8 @@ def _train_chunk(step, spec, theta, jobs, lr, out, where, weights, start=None, o
     if layers is not None:
         P = fused.separate(theta if start is None else start, spec, c)
         block = fused.block_clients(theta.numel(), theta.element_size())
-        fused.train_blocked(P, layers, active, width, rows, mask, x, y, step_lr, total, block)
+        correction = None if corrected is None else _fused_correction(corrected, theta, ctx, spec)
+        fused.train_blocked(P, layers, active, width, rows, mask, x, y, step_lr, total, block, correction)
         fused.write_rows(out, where, P, spec, None if weights else theta)
         return total / steps
     batched = vmap(step, in_dims=(0, 0, 0, 0, 0 if with_ctx else None, None))
@@ -248,7 +261,7 @@ def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, obje
     trained = None if groups is None or len(groups.trained) == len(groups.spec) else groups.trained
     if trained is not None and spec[0][0] == "theta":
         raise ValueError("parameter groups need the model behind loss_fn (make_loss(model)); use backend='loop'")
-    layers = fused.fusable(model, loss_fn, objective, optimizer, trained, ctx0, with_correction) if fuse else None
+    layers = fused.fusable(model, loss_fn, objective, optimizer, trained) if fuse else None
 
     j0 = jobs_sorted[0]
     row_bytes = j0.x[:1].numel() * j0.x.element_size() + j0.y.element_size()
@@ -265,7 +278,7 @@ def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, obje
         where = torch.as_tensor(order[chunk], device=theta.device)
         W0 = None if start is None else start.index_select(0, where)
         l = _train_chunk(step, spec, theta, [jobs_sorted[i] for i in chunk], lr, out, where, weights, W0, optimizer,
-                         trained, layers)
+                         trained, layers, objective if with_correction else None)
         losses.index_copy_(0, where, l)
     return out, losses
 

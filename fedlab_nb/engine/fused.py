@@ -12,7 +12,8 @@ For m clients with weights W_l ∈ R^{m×out×in}, one step on padded batches X 
 which is the gradient autograd computes, so the result equals the vmap and loop backends' up to floating-point
 summation order (tests/test_vmap.py). It skips autograd and torch.func's per-step dispatch, which dominate the
 step for small layers. It applies only to plain SGD on the cross-entropy of such a model, with no objective
-term, no client context and no parameter groups; `fusable` says whether a run qualifies.
+loss term and no parameter groups; `fusable` says whether a run qualifies. An objective's `correction` (FedProx's
+μ(w − θ), SCAFFOLD's c − c_k) is evaluated at the weights before each step and subtracted after the update.
 
 `train_blocked` runs the steps in blocks of clients whose weights fit in cache (`BLOCK_BYTES`): each block
 takes all its local steps before the next starts, so a client's weights are read from memory once per round
@@ -45,11 +46,11 @@ def linear_layers(model: nn.Module | None) -> list[tuple[str, str]] | None:
     return None
 
 
-def fusable(model, loss_fn, objective, optimizer, trained, ctx, with_correction: bool) -> list | None:
+def fusable(model, loss_fn, objective, optimizer, trained) -> list | None:
     """The model's layers when the fused step computes exactly this run's local training, else None."""
     plain = optimizer is None or optimizer.plain
     extra = getattr(objective, "extra_loss", None) is not None
-    if not plain or extra or with_correction or ctx is not None or trained is not None:
+    if not plain or extra or trained is not None:
         return None
     if getattr(loss_fn, "criterion", None) is not None:
         return None
@@ -97,10 +98,11 @@ def block_clients(d: int, itemsize: int) -> int:
 
 
 def train_blocked(P: dict[str, torch.Tensor], layers, active, width, rows, mask, x, y, lr: float,
-                  total: torch.Tensor, block: int) -> None:
+                  total: torch.Tensor, block: int, correction=None) -> None:
     """All local steps of the c clients in P, `block` clients at a time. active[s]: clients (a prefix, sorted
     by steps) still training at step s; width[s]: the step's largest real batch; rows [S, c, B] into x, y;
-    mask [S, c, B]. Adds each client's batch losses to `total` [c]."""
+    mask [S, c, B]. Adds each client's batch losses to `total` [c]. `correction(lo, sub, a)`: the objective's
+    term added to the gradient of clients lo..lo+a−1 (stacks like P), or None."""
     c = total.shape[0]
     for lo in range(0, c, block):
         hi = min(c, lo + block)
@@ -109,9 +111,12 @@ def train_blocked(P: dict[str, torch.Tensor], layers, active, width, rows, mask,
             a = min(a - lo, hi - lo)
             if a <= 0:
                 break
+            corr = None if correction is None else correction(lo, sub, a)  # at the weights before the step
             idx = rows[s, lo:lo + a, :b].reshape(-1)   # index_select: faster than x[idx] on CPU
             xb, yb = x.index_select(0, idx).view(a, b, *x.shape[1:]), y.index_select(0, idx).view(a, b)
             total[lo:lo + a] += sgd_step_(sub, layers, a, xb, yb, mask[s, lo:lo + a, :b], lr)
+            for name, term in (corr or {}).items():
+                sub[name][:a].sub_(term, alpha=lr)
 
 
 def sgd_step_(P: dict[str, torch.Tensor], layers, a: int, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,

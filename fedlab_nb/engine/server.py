@@ -46,7 +46,7 @@ class RunConfig:
     eval_every: int = 1
     stragglers: float = 0.0             # fraction of clients that, each round, do only a random part of their work
     drop_stragglers: bool = False       # drop stragglers' updates (the FedAvg baseline of FedProx's experiments)
-    backend: str = "auto"               # "loop" | "vmap" | "fused" | "auto" (vmap where the method allows it)
+    backend: str = "auto"               # "loop" | "vmap" | "fused" | "auto" (= fused: vmap where the method allows it)
     on_nonfinite: str = "raise"         # "raise" | "drop"
     byzantine: tuple = ()               # ids of Byzantine clients (their messages go through `attack`)
     extra: dict = field(default_factory=dict)
@@ -120,14 +120,15 @@ def _local_jobs(fed, client_ids, cfg: RunConfig, rnd: int, ctx, steps=None, trac
 
 
 def pick_backend(cfg: RunConfig, method: Method, model: torch.nn.Module | None = None):
-    """The local-training kernel: vmap where the method and the model allow it (backend='auto'/'vmap'), else
-    the loop. Models with buffers (BatchNorm running statistics, updated in place) train on the loop."""
+    """The local-training kernel: the fused step where it applies (backend='auto'/'fused': plain SGD of the
+    library's MLP or logistic regression), else vmap where the method and the model allow it ('auto'/'vmap'),
+    else the loop. Models with buffers (BatchNorm running statistics, updated in place) train on the loop."""
     if cfg.backend == "loop":
         return train_clients_loop
     from . import batched
     buffers = model is not None and next(model.buffers(), None) is not None
     if method.vmappable and not buffers:
-        return batched.train_clients_fused if cfg.backend == "fused" else batched.train_clients_vmap
+        return batched.train_clients_vmap if cfg.backend == "vmap" else batched.train_clients_fused
     if cfg.backend in ("vmap", "fused"):
         why = "a model with buffers (BatchNorm)" if buffers else method.name
         print(f"note: {why} cannot run on the vmap backend; falling back to loop")
