@@ -270,3 +270,19 @@ def test_fused_step_with_correction_terms_equals_loop(monkeypatch, digits_fed, m
     got = fl.simulate(fl.get_method(method, **kwargs), digits_fed, **kw)   # "auto": fused where it applies
     assert calls and got.meta["backend_used"] == "fused"
     assert_same_history(loop, got)
+
+
+@pytest.mark.parametrize("block_bytes", [1, 3 * 4 * 90, 2**30])
+def test_fused_clients_without_steps_keep_theta(monkeypatch, block_bytes):
+    """Clients with no local step (and cache blocks of only such clients) come back at θ, as on the loop."""
+    from fedlab_nb.engine import fused
+    monkeypatch.setattr(fused, "BLOCK_BYTES", block_bytes)
+    torch.manual_seed(0)
+    model = make_model("mlp", (12,), 4, hidden=(5,))
+    theta, jobs = flatten_params(model), make_jobs()
+    for k in (1, 5, 6):
+        jobs[k] = LocalJob(jobs[k].client_id, jobs[k].x, jobs[k].y, [], None)
+    loop = train_clients_loop(make_loss(model), theta, jobs, 0.2, LocalObjective(), weights=True)
+    got = batched.train_clients_fused(make_loss(model), theta, jobs, 0.2, LocalObjective(), weights=True)
+    assert all(torch.equal(got[0][k], theta) for k in (1, 5, 6))
+    torch.testing.assert_close(got[0], loop[0], atol=1e-6, rtol=1e-5)
