@@ -46,7 +46,7 @@ class RunConfig:
     eval_every: int = 1
     stragglers: float = 0.0             # fraction of clients that, each round, do only a random part of their work
     drop_stragglers: bool = False       # drop stragglers' updates (the FedAvg baseline of FedProx's experiments)
-    backend: str = "auto"               # "loop" | "vmap" | "fused" | "auto" (= fused: vmap where the method allows it)
+    backend: str = "auto"               # "loop" | "vmap" | "fused" | "auto" (= "fused": fused step, else vmap, else loop)
     on_nonfinite: str = "raise"         # "raise" | "drop"
     byzantine: tuple = ()               # ids of Byzantine clients (their messages go through `attack`)
     extra: dict = field(default_factory=dict)
@@ -143,7 +143,7 @@ class RoundSetup:
     cfg: RunConfig
     loss_fn: Callable
     groups: object          # core.groups.ResolvedGroups
-    train: Callable         # the kernel: train_clients_loop or train_clients_vmap
+    train: Callable         # the kernel: train_clients_loop, train_clients_vmap or train_clients_fused
 
 
 def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
