@@ -7,13 +7,13 @@
     limit  the compute limit: one centralised model trained on the same rows, m·B rows per step
            (the FLOPs of the round with no federation overhead)
     floor  the roofline floor of the round on this machine, max(memory floor, FLOP floor):
-           memory: every local step of every client must read and write its own d weights and read its
-           batch, bytes / the bandwidth of a STREAM-like triad measured in the same run;
+           memory: every local step of every client must read and write its own d weights (and its
+           optimiser's state) and read its batch, bytes / the bandwidth of a STREAM-like triad measured in the same run;
            FLOPs: forward + backward FLOPs of every row (torch's FlopCounterMode on one batch) / the
            FLOP rate of a large matrix product measured in the same run
 
     OMP_NUM_THREADS=1 python benchmarks/bench_backends.py [--tiny] [--device cpu|cuda] [--batch 10]
-                                                          [--out benchmarks/results]
+                                  [--client-optimizer sgd|momentum|adam] [--out benchmarks/results]
 
 Prints and writes `bench_backends.csv` (one row per backend and workload), `bench_ratios.csv` and
 `bench_backends.png`. Times are the local-training phase of one round (every client of the federation
@@ -39,6 +39,7 @@ import torch
 from torch.func import grad_and_value
 
 import fedlab_nb as fl
+from fedlab_nb.core import SGD, Adam
 from fedlab_nb.engine import server
 from fedlab_nb.engine import batched
 from fedlab_nb.engine.batched import train_clients_vmap
@@ -55,6 +56,7 @@ FULL = [("mnist5k", {}, m, model) for m in (10, 100) for model in ("mlp-64-32", 
        [("fashion_mnist", {}, 1000, model) for model in ("mlp-64-32", "mlp-200-200")] + \
        [("fashion_mnist", {"max_train": 20_000}, 1000, "cnn")]
 TINY = [("digits", {}, 4, "logreg"), ("digits", {}, 16, "mlp-16")]
+CLIENT_OPTIMIZERS = {"sgd": None, "momentum": SGD(momentum=0.9), "adam": Adam(lr=1e-3)}
 
 
 # --- measuring --------------------------------------------------------------------------------------
@@ -107,21 +109,24 @@ def timed(fn, device: torch.device, repeats: int = REPEATS):
 
 
 # --- the backends -----------------------------------------------------------------------------------
-def run_loop(loss_fn, theta, jobs, lr, device, max_clients):
+def run_loop(loss_fn, theta, jobs, lr, device, max_clients, optimizer=None):
     """The loop backend; past `max_clients` it runs that many and scales the time (its cost is a sum
     over clients, so this is exact up to noise)."""
     part = jobs[:max_clients]
-    wall, cpu, rss, cuda = timed(lambda: train_clients_loop(loss_fn, theta, part, lr, LocalObjective()), device)
+    wall, cpu, rss, cuda = timed(lambda: train_clients_loop(loss_fn, theta, part, lr, LocalObjective(),
+                                                            optimizer=optimizer), device)
     scale = sum(map(_rows, jobs)) / sum(map(_rows, part))
     return wall * scale, cpu * scale, rss, cuda, len(part) < len(jobs)
 
 
-def run_vmap(loss_fn, theta, jobs, lr, device):
-    return (*timed(lambda: train_clients_vmap(loss_fn, theta, jobs, lr, LocalObjective()), device), False)
+def run_vmap(loss_fn, theta, jobs, lr, device, optimizer=None):
+    return (*timed(lambda: train_clients_vmap(loss_fn, theta, jobs, lr, LocalObjective(), optimizer=optimizer),
+                   device), False)
 
 
-def run_fused(loss_fn, theta, jobs, lr, device):
-    return (*timed(lambda: batched.train_clients_fused(loss_fn, theta, jobs, lr, LocalObjective()), device), False)
+def run_fused(loss_fn, theta, jobs, lr, device, optimizer=None):
+    return (*timed(lambda: batched.train_clients_fused(loss_fn, theta, jobs, lr, LocalObjective(), optimizer=optimizer),
+                   device), False)
 
 
 def run_limit(loss_fn, theta, jobs, lr, device, batch):
@@ -164,13 +169,14 @@ def flops_per_row(loss_fn, theta, job, batch) -> float:
     return counter.get_total_flops() / len(idx)
 
 
-def roofline_floor(loss_fn, theta, jobs, batch, device) -> dict:
+def roofline_floor(loss_fn, theta, jobs, batch, device, state_tensors: int = 0) -> dict:
     """The seconds below which no backend can run this round here: max of the memory floor (each client's
-    distinct weights read + written at each of its steps, plus its rows read once) and the FLOP floor."""
+    distinct weights, and its optimiser's `state_tensors` buffers of d, read + written at each of its steps,
+    plus its rows read once) and the FLOP floor."""
     bandwidth, flop_rate = machine_peaks(device)
     d, features = theta.numel(), jobs[0].x[0].numel()
     steps, rows = sum(len(j.batches) for j in jobs), sum(map(_rows, jobs))
-    memory = (steps * 2 * d * 4 + rows * features * 4) / bandwidth
+    memory = (steps * 2 * (1 + state_tensors) * d * 4 + rows * features * 4) / bandwidth
     compute = rows * flops_per_row(loss_fn, theta, jobs[0], batch) / flop_rate
     return dict(memory_floor_s=memory, flop_floor_s=compute, floor_s=max(memory, compute),
                 bandwidth_gbs=bandwidth / 1e9, gflops=flop_rate / 1e9)
@@ -233,7 +239,7 @@ def run_flower(fed, model_name, model_kwargs, batch, lr, rounds=2):
 
 
 # --- one workload -----------------------------------------------------------------------------------
-def bench_workload(fed, dataset, model_label, batch, lr, device, max_loop_clients, flower: bool):
+def bench_workload(fed, dataset, model_label, batch, lr, device, max_loop_clients, flower: bool, optimizer: str = "sgd"):
     model_name, model_kwargs = MODELS[model_label]
     torch.manual_seed(0)
     model = make_model(model_name, fed.input_shape, fed.num_classes, **model_kwargs).to(device)
@@ -242,15 +248,16 @@ def bench_workload(fed, dataset, model_label, batch, lr, device, max_loop_client
     jobs = server._local_jobs(fed, np.arange(fed.num_clients), cfg, 0, None)
     m, rows = len(jobs), sum(map(_rows, jobs))
     base = dict(dataset=dataset, model=model_label, params=theta.numel(), clients=m, rows=rows, batch=batch,
-                device=str(device), threads=torch.get_num_threads())
-    results = {"loop": run_loop(loss_fn, theta, jobs, lr, device, max_loop_clients),
-               "vmap": run_vmap(loss_fn, theta, jobs, lr, device),
+                device=str(device), threads=torch.get_num_threads(), optimizer=optimizer)
+    opt = CLIENT_OPTIMIZERS[optimizer]
+    results = {"loop": run_loop(loss_fn, theta, jobs, lr, device, max_loop_clients, opt),
+               "vmap": run_vmap(loss_fn, theta, jobs, lr, device, opt),
                "limit": run_limit(loss_fn, theta, jobs, lr, device, batch)}
     if linear_layers(model) is not None:
-        results["fused"] = run_fused(loss_fn, theta, jobs, lr, device)
+        results["fused"] = run_fused(loss_fn, theta, jobs, lr, device, opt)
     out = [dict(base, backend=b, seconds=wall, cpu_seconds=cpu, peak_rss_mb=rss, cuda_peak_mb=cuda, extrapolated=ex)
            for b, (wall, cpu, rss, cuda, ex) in results.items()]
-    floor = roofline_floor(loss_fn, theta, jobs, batch, device)
+    floor = roofline_floor(loss_fn, theta, jobs, batch, device, 0 if opt is None else len(opt.state_names()))
     out.append(dict(base, backend="floor", seconds=floor["floor_s"], cpu_seconds=floor["floor_s"], peak_rss_mb=math.nan,
                     cuda_peak_mb=math.nan, extrapolated=False, **floor))
     if flower and device.type == "cpu":
@@ -301,6 +308,8 @@ def parse_args(argv):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=10)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--client-optimizer", choices=sorted(CLIENT_OPTIMIZERS), default="sgd",
+                    help="the clients' optimiser on loop, vmap and fused (the limit stays plain SGD)")
     ap.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration of the partitions")
     ap.add_argument("--max-loop-clients", type=int, default=100,
                     help="time the loop on this many clients and scale to all (its cost is a sum over clients)")
@@ -323,7 +332,8 @@ def run_one(args, dataset, kwargs, m, model_label) -> list[dict]:
                       device=device, dataset_kwargs=kwargs)
     label = dataset + (f"[{kwargs['max_train'] // 1000}k]" if "max_train" in kwargs else "")
     flower = not args.tiny and m <= args.flower_max_clients and model_label in args.flower_models.split(",")
-    return bench_workload(fed, label, model_label, args.batch, args.lr, device, args.max_loop_clients, flower)
+    return bench_workload(fed, label, model_label, args.batch, args.lr, device, args.max_loop_clients, flower,
+                          args.client_optimizer)
 
 
 def run_isolated(argv, i) -> list[dict]:

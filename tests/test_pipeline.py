@@ -1,5 +1,6 @@
 """The round pipeline: layers, registry, client optimisers, parameter groups, the client store, messages
 and bytes, personal-model evaluation, and exact resume in a new process."""
+import itertools
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ import fedlab_nb as fl
 from fedlab_nb.core import SGD, Adam, Method, ParamGroups, encode
 from fedlab_nb.core.registry import REGISTRY
 from fedlab_nb.core.streams import register_stream
-from fedlab_nb.engine.batched import train_clients_vmap
+from fedlab_nb.engine.batched import train_clients_fused, train_clients_vmap
 from fedlab_nb.engine.client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from fedlab_nb.methods import LocalObjective
 from fedlab_nb.models import MLP, flatten_params, param_spec, unflatten
@@ -103,7 +104,7 @@ OPTIMIZERS = [
 
 
 @pytest.mark.parametrize("ours,theirs", OPTIMIZERS)
-@pytest.mark.parametrize("kernel", [train_clients_loop, train_clients_vmap])
+@pytest.mark.parametrize("kernel", [train_clients_loop, train_clients_vmap, train_clients_fused])
 def test_client_optimizers_equal_torch_optim(ours, theirs, kernel):
     torch.manual_seed(0)
     model = MLP(6, 3, hidden=(4,))
@@ -142,9 +143,10 @@ def test_frozen_tensor_bit_identical_on_the_client():
     model = MLP(6, 3, hidden=(4,))
     theta, jobs = flatten_params(model), _jobs(model)
     groups = ParamGroups(frozen=["body.0.*"]).resolve(param_spec(model))
-    for kernel in (train_clients_loop, train_clients_vmap):
+    for kernel, optimizer in itertools.product((train_clients_loop, train_clients_vmap, train_clients_fused),
+                                               (SGD(momentum=0.9), None)):
         W, _ = kernel(make_loss(model), theta, jobs, 0.1, LocalObjective(), groups=groups, weights=True,
-                      optimizer=SGD(momentum=0.9))
+                      optimizer=optimizer)
         frozen = ~groups.mask("trained")
         assert torch.equal(W[:, frozen], theta[frozen].expand(len(jobs), -1))
         assert not torch.equal(W[:, ~frozen], theta[~frozen].expand(len(jobs), -1))
@@ -170,15 +172,21 @@ def test_bytes_up_equals_encoded_payload(digits_fed):
 @pytest.mark.parametrize("method", [lambda: fl.get_method("ditto", lam=0.5),
                                     lambda: Method("adam-clients", optimizer=Adam(lr=0.01)),
                                     lambda: Method("sgdm-clients", optimizer=SGD(momentum=0.9, weight_decay=1e-3))])
-def test_loop_equals_vmap_for_stateful_and_optimizer_methods(digits_fed, method):
+def test_loop_equals_vmap_for_stateful_and_optimizer_methods(monkeypatch, digits_fed, method):
+    from fedlab_nb.engine import fused
+    calls, real = [], fused.sgd_step_
+    monkeypatch.setattr(fused, "sgd_step_", lambda *a, **k: calls.append(1) or real(*a, **k))
     kw = dict(model="mlp", model_kwargs={"hidden": (16,)}, rounds=3, clients_per_round=4, lr=0.05, progress=False,
               stragglers=0.5)
     a = fl.simulate(method(), digits_fed, backend="loop", **kw)
     b = fl.simulate(method(), digits_fed, backend="vmap", **kw)
-    assert a.meta["backend_used"] == "loop" and b.meta["backend_used"] == "vmap"
-    torch.testing.assert_close(a.theta, b.theta, atol=1e-5, rtol=1e-4)
+    assert a.meta["backend_used"] == "loop" and b.meta["backend_used"] == "vmap" and not calls
+    c = fl.simulate(method(), digits_fed, **kw)   # "auto": the fused step, with the optimiser taking its gradients
+    assert c.meta["backend_used"] == "fused" and calls
     cols = [c for c in a.columns if c.endswith(("acc_mean", "test_acc"))]
-    np.testing.assert_allclose(a[cols].to_numpy(float), b[cols].to_numpy(float), atol=1e-6)
+    for other in (b, c):
+        torch.testing.assert_close(a.theta, other.theta, atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(a[cols].to_numpy(float), other[cols].to_numpy(float), atol=1e-6)
 
 
 def test_ditto_personal_models_persist_for_all_clients(digits_fed):

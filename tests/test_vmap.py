@@ -1,9 +1,12 @@
 """The `vmap` backend (engine/batched.py) computes the same local SGD as the `loop` backend."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 import fedlab_nb as fl
+from fedlab_nb.core import SGD
 from fedlab_nb.engine import batched
 from fedlab_nb.engine.batched import plan_chunks, train_clients_vmap
 from fedlab_nb.engine.client import LocalJob, batch_schedule, make_loss, train_clients_loop
@@ -254,11 +257,13 @@ def test_fused_backend_runs_fused_only_where_it_is_exact(monkeypatch, digits_fed
     assert fused.linear_layers(make_model("cnn", (1, 8, 8), 10)) is None
 
 
+@pytest.mark.parametrize("optimizer", [None, SGD(momentum=0.9, weight_decay=1e-3)])
 @pytest.mark.parametrize("blocked", [False, True])
 @pytest.mark.parametrize("method,kwargs", [("fedprox", {"mu": 0.5}), ("scaffold", {}), ("feddyn", {"alpha": 0.1})])
-def test_fused_step_with_correction_terms_equals_loop(monkeypatch, digits_fed, method, kwargs, blocked):
-    """FedProx's μ(w − θ), SCAFFOLD's c − c_k (client context), FedDyn's both: the fused step (one cache block,
-    or blocks of a few clients) gives the loop's History over rounds whose client state carries over."""
+def test_fused_step_with_correction_terms_equals_loop(monkeypatch, digits_fed, method, kwargs, blocked, optimizer):
+    """FedProx's μ(w − θ), SCAFFOLD's c − c_k (client context), FedDyn's both, with plain SGD or a momentum
+    optimiser taking gradient + term: the fused step (one cache block, or blocks of a few clients) gives the
+    loop's History over rounds whose client state carries over."""
     from fedlab_nb.engine import fused
     calls, real = [], fused.sgd_step_
     monkeypatch.setattr(fused, "sgd_step_", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -266,8 +271,10 @@ def test_fused_step_with_correction_terms_equals_loop(monkeypatch, digits_fed, m
         monkeypatch.setattr(fused, "BLOCK_BYTES", 2 * 4 * (64 * 8 + 8 + 8 * 10 + 10))
     kw = dict(rounds=3, clients_per_round=6, lr=0.1, progress=False, seed=0, model="mlp",
               model_kwargs={"hidden": (8,)}, batch_size=16, stragglers=0.4)
-    loop = fl.simulate(fl.get_method(method, **kwargs), digits_fed, backend="loop", **kw)
-    got = fl.simulate(fl.get_method(method, **kwargs), digits_fed, **kw)   # "auto": fused where it applies
+    build = (lambda: fl.get_method(method, **kwargs)) if optimizer is None else \
+        (lambda: dataclasses.replace(fl.get_method(method, **kwargs), optimizer=optimizer))
+    loop = fl.simulate(build(), digits_fed, backend="loop", **kw)
+    got = fl.simulate(build(), digits_fed, **kw)   # "auto": fused where it applies
     assert calls and got.meta["backend_used"] == "fused"
     assert_same_history(loop, got)
 

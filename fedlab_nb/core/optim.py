@@ -9,6 +9,7 @@ State tensors have the parameter's shape; the step counter `t` is per client (`[
 These follow `torch.optim.SGD` / `torch.optim.Adam` / `torch.optim.AdamW` step for step (tests check it)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,11 @@ class Adam:
         m, v = state["m"], state["v"]
         m.mul_(b1).add_(g, alpha=1 - b1)
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        if torch.as_tensor(t).dim() == 0:  # one step count for all clients: torch.optim's form, fewer passes
+            t = float(t)
+            denom = v.sqrt().div_(math.sqrt(1 - b2 ** t)).add_(self.eps)
+            w.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
+            return
         tt = _expand(t.to(w.dtype), w)
         c1, c2 = 1 - b1 ** tt, 1 - b2 ** tt
         w.sub_(lr * (m / c1) / ((v / c2).sqrt() + self.eps))

@@ -189,9 +189,9 @@ def _train_chunk(step, spec, theta, jobs, lr, out, where, weights, start=None, o
                  layers=None, corrected=None):
     """Local training of `jobs` (sorted by τ, longest first) from their start rows (θ by default), anchored
     at θ; writes their rows out[where] (W, or W − θ unless `weights`) and returns their mean loss [c]. Only
-    tensors in `trained` move (all when None). `layers`: take the fused SGD step of engine/fused.py
-    instead of the vmapped autograd step, a cache block of clients at a time (fused.train_blocked), with
-    the correction term of the objective `corrected` (None: no term)."""
+    tensors in `trained` move (all when None). `layers`: take the fused step of engine/fused.py instead of
+    the vmapped autograd step, a cache block of clients at a time (fused.train_blocked), with the correction
+    term of the objective `corrected` (None: no term) and the client optimiser."""
     dev, c = theta.device, len(jobs)
     sizes = np.array([len(j.y) for j in jobs])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -210,7 +210,8 @@ def _train_chunk(step, spec, theta, jobs, lr, out, where, weights, start=None, o
         P = fused.separate(theta if start is None else start, spec, c)
         block = fused.block_clients(theta.numel(), theta.element_size())
         correction = None if corrected is None else _fused_correction(corrected, theta, ctx, spec)
-        fused.train_blocked(P, layers, active, width, rows, mask, x, y, step_lr, total, block, correction)
+        fused.train_blocked(P, layers, active, width, rows, mask, x, y, step_lr, total, block, correction,
+                            optimizer, trained)
         fused.write_rows(out, where, P, spec, None if weights else theta)
         return total / steps
     batched = vmap(step, in_dims=(0, 0, 0, 0, 0 if with_ctx else None, None))

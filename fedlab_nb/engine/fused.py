@@ -11,9 +11,12 @@ For m clients with weights W_l ∈ R^{m×out×in}, one step on padded batches X 
 
 which is the gradient autograd computes, so the result equals the vmap and loop backends' up to floating-point
 summation order (tests/test_vmap.py). It skips autograd and torch.func's per-step dispatch, which dominate the
-step for small layers. It applies only to plain SGD on the cross-entropy of such a model, with no objective
-loss term and no parameter groups; `fusable` says whether a run qualifies. An objective's `correction` (FedProx's
+step for small layers. It applies to the cross-entropy of such a model with no objective loss term (MOON's
+contrastive term needs autograd); `fusable` says whether a run qualifies. An objective's `correction` (FedProx's
 μ(w − θ), SCAFFOLD's c − c_k) is evaluated at the weights before each step and subtracted after the update.
+Client optimisers: heavy-ball momentum adds the product into its buffer in place (b ← μb + δᵀH, one
+baddbmm_); Adam, Nesterov and weight decay alone take the gradient materialised (`make_update`). Frozen
+tensors of parameter groups are not updated and their gradients are not formed.
 
 `train_blocked` runs the steps in blocks of clients whose weights fit in cache (`BLOCK_BYTES`): each block
 takes all its local steps before the next starts, so a client's weights are read from memory once per round
@@ -30,6 +33,7 @@ import math
 import torch
 from torch import nn
 
+from ..core.optim import SGD
 from ..models import MLP, LogisticRegression
 
 
@@ -48,11 +52,7 @@ def linear_layers(model: nn.Module | None) -> list[tuple[str, str]] | None:
 
 def fusable(model, loss_fn, objective, optimizer, trained) -> list | None:
     """The model's layers when the fused step computes exactly this run's local training, else None."""
-    plain = optimizer is None or optimizer.plain
-    extra = getattr(objective, "extra_loss", None) is not None
-    if not plain or extra or trained is not None:
-        return None
-    if getattr(loss_fn, "criterion", None) is not None:
+    if getattr(objective, "extra_loss", None) is not None or getattr(loss_fn, "criterion", None) is not None:
         return None
     return linear_layers(model)
 
@@ -98,15 +98,18 @@ def block_clients(d: int, itemsize: int) -> int:
 
 
 def train_blocked(P: dict[str, torch.Tensor], layers, active, width, rows, mask, x, y, lr: float,
-                  total: torch.Tensor, block: int, correction=None) -> None:
+                  total: torch.Tensor, block: int, correction=None, optimizer=None, trained=None) -> None:
     """All local steps of the c clients in P, `block` clients at a time. active[s]: clients (a prefix, sorted
     by steps) still training at step s; width[s]: the step's largest real batch; rows [S, c, B] into x, y;
     mask [S, c, B]. Adds each client's batch losses to `total` [c]. `correction(lo, sub, a)`: the objective's
-    term added to the gradient of clients lo..lo+a−1 (stacks like P), or None."""
+    term added to the gradient of clients lo..lo+a−1 (stacks like P), or None. `optimizer`: the client
+    optimiser (core.optim; None: plain SGD); `trained`: the parameter names that move (None: all)."""
     c = total.shape[0]
+    names = () if optimizer is None else optimizer.state_names()
     for lo in range(0, c, block):
         hi = min(c, lo + block)
         sub = {name: p[lo:hi] for name, p in P.items()}
+        state = {k: {n: torch.zeros_like(p) for n, p in sub.items()} for k in names}  # fresh each round, as on the loop
         for s, (a, b) in enumerate(zip(active, width)):
             a = min(a - lo, hi - lo)
             if a <= 0:
@@ -114,15 +117,85 @@ def train_blocked(P: dict[str, torch.Tensor], layers, active, width, rows, mask,
             corr = None if correction is None else correction(lo, sub, a)  # at the weights before the step
             idx = rows[s, lo:lo + a, :b].reshape(-1)   # index_select: faster than x[idx] on CPU
             xb, yb = x.index_select(0, idx).view(a, b, *x.shape[1:]), y.index_select(0, idx).view(a, b)
-            total[lo:lo + a] += sgd_step_(sub, layers, a, xb, yb, mask[s, lo:lo + a, :b], lr)
-            for name, term in (corr or {}).items():
-                sub[name][:a].sub_(term, alpha=lr)
+            update = make_update(optimizer, sub, state, a, s + 1, lr, corr)
+            total[lo:lo + a] += sgd_step_(sub, layers, a, xb, yb, mask[s, lo:lo + a, :b], update, trained)
+
+
+def make_update(optimizer, P, state, a: int, t: int, lr: float, corr):
+    """The update rule of one step of the first `a` clients (at their t-th step): plain SGD and heavy-ball
+    momentum take the weight gradient δᵀH into an in-place product; other optimisers take it materialised."""
+    if optimizer is None or optimizer.plain:
+        return PlainUpdate(P, a, lr, corr)
+    if isinstance(optimizer, SGD) and optimizer.momentum and not optimizer.nesterov:
+        return HeavyBallUpdate(P, a, lr, corr, optimizer, state)
+    return OptimizerUpdate(P, a, lr, corr, optimizer, state, t)
+
+
+class PlainUpdate:
+    """w ← w − η (δᵀH + correction): the product is added into the weights in place (one baddbmm_), so the
+    [a, out, in] gradient is never stored. `corr`: the objective's term per parameter, or None."""
+
+    def __init__(self, P, a, lr, corr):
+        self.P, self.a, self.lr, self.corr = P, a, lr, corr
+
+    def weight(self, name, delta_t, h):
+        self.P[name][:self.a].baddbmm_(delta_t, h, alpha=-self.lr)
+        self._correct(name)
+
+    def bias(self, name, g):
+        self.P[name][:self.a].sub_(g, alpha=self.lr)
+        self._correct(name)
+
+    def _correct(self, name):
+        if self.corr is not None:
+            self.P[name][:self.a].sub_(self.corr[name], alpha=self.lr)
+
+
+class HeavyBallUpdate(PlainUpdate):
+    """torch.optim's SGD with momentum μ and weight decay λ: b ← μb + δᵀH + λw + correction, the product
+    added into b in place (b starts at 0, so b₁ = g as in torch.optim), then w ← w − ηb."""
+
+    def __init__(self, P, a, lr, corr, optimizer, state):
+        super().__init__(P, a, lr, corr)
+        self.opt, self.buf = optimizer, state["buf"]
+
+    def weight(self, name, delta_t, h):
+        self._step(name, self.buf[name][:self.a].baddbmm_(delta_t, h, beta=self.opt.momentum))
+
+    def bias(self, name, g):
+        self._step(name, self.buf[name][:self.a].mul_(self.opt.momentum).add_(g))
+
+    def _step(self, name, buf):
+        w = self.P[name][:self.a]
+        if self.opt.weight_decay:
+            buf.add_(w, alpha=self.opt.weight_decay)
+        if self.corr is not None:
+            buf.add_(self.corr[name])
+        w.sub_(buf, alpha=self.lr)
+
+
+class OptimizerUpdate(PlainUpdate):
+    """Any client optimiser (Adam, Nesterov, weight decay alone): the gradient plus the objective's term goes
+    to its elementwise `step_` (the vmap backend's order)."""
+
+    def __init__(self, P, a, lr, corr, optimizer, state, t):
+        super().__init__(P, a, lr, corr)
+        self.opt, self.state, self.t = optimizer, state, torch.tensor(t)  # every active client is at step t
+
+    def weight(self, name, delta_t, h):
+        self.bias(name, torch.bmm(delta_t, h))
+
+    def bias(self, name, g):
+        g = g if self.corr is None else g + self.corr[name]
+        self.opt.step_(self.P[name][:self.a], g, {k: v[name][:self.a] for k, v in self.state.items()}, self.t, self.lr)
 
 
 def sgd_step_(P: dict[str, torch.Tensor], layers, a: int, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-              lr: float) -> torch.Tensor:
-    """One SGD step of the first `a` clients in place on their stacked parameter views P ([c, out, in] and
-    [c, out]); x [a, B, in], y [a, B], mask [a, B]. Returns each client's masked mean batch loss [a]."""
+              update: PlainUpdate, trained=None) -> torch.Tensor:
+    """One local step of the first `a` clients in place on their stacked parameter views P ([c, out, in] and
+    [c, out]); x [a, B, in], y [a, B], mask [a, B]. `update` applies each tensor's gradient; only the names in
+    `trained` move (None: all; the others' gradients are not formed). Returns each client's masked mean
+    batch loss [a]."""
     hs, h = [], x
     for i, (w, b) in enumerate(layers):
         hs.append(h)
@@ -139,7 +212,9 @@ def sgd_step_(P: dict[str, torch.Tensor], layers, a: int, x: torch.Tensor, y: to
         w, b = layers[i]
         # δ through ReLU as autograd computes it (threshold_backward), with the weights before the step
         below = torch.ops.aten.threshold_backward(torch.bmm(delta, P[w][:a]), hs[i], 0) if i > 0 else None
-        P[w][:a].baddbmm_(delta.transpose(1, 2), hs[i], alpha=-lr)
-        P[b][:a].sub_(delta.sum(1), alpha=lr)
+        if trained is None or w in trained:
+            update.weight(w, delta.transpose(1, 2), hs[i])
+        if trained is None or b in trained:
+            update.bias(b, delta.sum(1))
         delta = below
     return loss
