@@ -192,15 +192,19 @@ def test_roofline_flops_per_row_is_the_matmul_count():
 
 
 # --- the fused Linear-chain step (engine/fused.py) -------------------------------------------------
-@pytest.mark.parametrize("name,kwargs", [("logreg", {}), ("mlp", {"hidden": (8, 6)}), ("mlp", {"hidden": (5,)})])
-def test_fused_step_equals_loop(name, kwargs):
+@pytest.mark.parametrize("name,kwargs", [("logreg", {}), ("mlp", {"hidden": (8, 6)}), ("mlp", {"hidden": (5,)}),
+                                         ("torch.nn.Linear", {})])
+def test_fused_step_equals_loop(monkeypatch, name, kwargs):
+    from fedlab_nb.engine import fused
+    calls, real = [], fused.sgd_step_
+    monkeypatch.setattr(fused, "sgd_step_", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(0)
-    model = make_model(name, (12,), 4, **kwargs)
+    model = torch.nn.Linear(12, 4) if name == "torch.nn.Linear" else make_model(name, (12,), 4, **kwargs)
     theta = flatten_params(model)
     jobs = make_jobs()
     d_loop, l_loop = train_clients_loop(make_loss(model), theta, jobs, 0.2, LocalObjective())
     d_fused, l_fused = batched.train_clients_fused(make_loss(model), theta, jobs, 0.2, LocalObjective())
-    assert (d_loop.abs().amax(1) > 1e-4).all()
+    assert calls and (d_loop.abs().amax(1) > 1e-4).all()
     torch.testing.assert_close(d_fused, d_loop, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(l_fused, l_loop, atol=1e-6, rtol=1e-5)
 
@@ -255,6 +259,7 @@ def test_fused_backend_runs_fused_only_where_it_is_exact(monkeypatch, digits_fed
     assert_same_history(fl.simulate(moon, digits_fed, backend="loop", **kw), fl.simulate(moon, digits_fed, backend="fused", **kw))
     assert not calls
     assert fused.linear_layers(make_model("cnn", (1, 8, 8), 10)) is None
+    assert fused.linear_layers(torch.nn.Linear(4, 3, bias=False)) is None
 
 
 @pytest.mark.parametrize("optimizer", [None, SGD(momentum=0.9, weight_decay=1e-3)])

@@ -39,7 +39,9 @@ from ..models import MLP, LogisticRegression
 
 def linear_layers(model: nn.Module | None) -> list[tuple[str, str]] | None:
     """[(weight name, bias name)] of the model's Linear layers in order, if it is the library's
-    LogisticRegression or ReLU MLP (exactly those classes); else None."""
+    LogisticRegression or ReLU MLP or a bare torch Linear layer with a bias (exactly those classes); else None."""
+    if type(model) is nn.Linear and model.bias is not None:
+        return [("weight", "bias")]
     if type(model) is LogisticRegression:
         return [("linear.weight", "linear.bias")]
     if type(model) is MLP:
