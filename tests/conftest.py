@@ -17,3 +17,12 @@ torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 def digits_fed():
     import fedlab_nb as fl
     return fl.federate("digits", "dirichlet", n_clients=8, alpha=0.5, seed=0, min_size=20)
+
+
+@pytest.fixture
+def fused_steps(monkeypatch):
+    """A list that gets one entry per call of the fused step (engine/fused.py `sgd_step_`)."""
+    from fedlab_nb.engine import fused
+    calls, real = [], fused.sgd_step_
+    monkeypatch.setattr(fused, "sgd_step_", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls

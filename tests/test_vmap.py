@@ -194,10 +194,8 @@ def test_roofline_flops_per_row_is_the_matmul_count():
 # --- the fused Linear-chain step (engine/fused.py) -------------------------------------------------
 @pytest.mark.parametrize("name,kwargs", [("logreg", {}), ("mlp", {"hidden": (8, 6)}), ("mlp", {"hidden": (5,)}),
                                          ("torch.nn.Linear", {})])
-def test_fused_step_equals_loop(monkeypatch, name, kwargs):
-    from fedlab_nb.engine import fused
-    calls, real = [], fused.sgd_step_
-    monkeypatch.setattr(fused, "sgd_step_", lambda *a, **k: calls.append(1) or real(*a, **k))
+def test_fused_step_equals_loop(fused_steps, name, kwargs):
+    calls = fused_steps
     torch.manual_seed(0)
     model = torch.nn.Linear(12, 4) if name == "torch.nn.Linear" else make_model(name, (12,), 4, **kwargs)
     theta = flatten_params(model)
@@ -243,11 +241,9 @@ def test_fused_cache_blocks_change_nothing(monkeypatch, block_bytes):
     assert torch.equal(blocked[0], one[0]) and torch.equal(blocked[1], one[1])
 
 
-def test_fused_backend_runs_fused_only_where_it_is_exact(monkeypatch, digits_fed):
+def test_fused_backend_runs_fused_only_where_it_is_exact(fused_steps, digits_fed):
     from fedlab_nb.engine import fused
-    calls = []
-    real = fused.sgd_step_
-    monkeypatch.setattr(fused, "sgd_step_", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = fused_steps
     kw = dict(rounds=2, clients_per_round=5, lr=0.1, progress=False, seed=0, model="mlp",
               model_kwargs={"hidden": (16,)}, batch_size=16, stragglers=0.4)
     loop = fl.simulate("fedavg", digits_fed, backend="loop", **kw)
@@ -265,19 +261,20 @@ def test_fused_backend_runs_fused_only_where_it_is_exact(monkeypatch, digits_fed
 @pytest.mark.parametrize("optimizer", [None, SGD(momentum=0.9, weight_decay=1e-3)])
 @pytest.mark.parametrize("blocked", [False, True])
 @pytest.mark.parametrize("method,kwargs", [("fedprox", {"mu": 0.5}), ("scaffold", {}), ("feddyn", {"alpha": 0.1})])
-def test_fused_step_with_correction_terms_equals_loop(monkeypatch, digits_fed, method, kwargs, blocked, optimizer):
+def test_fused_step_with_correction_terms_equals_loop(monkeypatch, fused_steps, digits_fed, method, kwargs, blocked,
+                                                      optimizer):
     """FedProx's μ(w − θ), SCAFFOLD's c − c_k (client context), FedDyn's both, with plain SGD or a momentum
     optimiser taking gradient + term: the fused step (one cache block, or blocks of a few clients) gives the
     loop's History over rounds whose client state carries over."""
     from fedlab_nb.engine import fused
-    calls, real = [], fused.sgd_step_
-    monkeypatch.setattr(fused, "sgd_step_", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = fused_steps
     if blocked:  # two clients per block: the context rows must follow their block
         monkeypatch.setattr(fused, "BLOCK_BYTES", 2 * 4 * (64 * 8 + 8 + 8 * 10 + 10))
     kw = dict(rounds=3, clients_per_round=6, lr=0.1, progress=False, seed=0, model="mlp",
               model_kwargs={"hidden": (8,)}, batch_size=16, stragglers=0.4)
-    build = (lambda: fl.get_method(method, **kwargs)) if optimizer is None else \
-        (lambda: dataclasses.replace(fl.get_method(method, **kwargs), optimizer=optimizer))
+    def build():
+        m = fl.get_method(method, **kwargs)
+        return m if optimizer is None else dataclasses.replace(m, optimizer=optimizer)
     loop = fl.simulate(build(), digits_fed, backend="loop", **kw)
     got = fl.simulate(build(), digits_fed, **kw)   # "auto": fused where it applies
     assert calls and got.meta["backend_used"] == "fused"

@@ -262,7 +262,7 @@ def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, obje
     trained = None if groups is None or len(groups.trained) == len(groups.spec) else groups.trained
     if trained is not None and spec[0][0] == "theta":
         raise ValueError("parameter groups need the model behind loss_fn (make_loss(model)); use backend='loop'")
-    layers = fused.fusable(model, loss_fn, objective, optimizer, trained) if fuse else None
+    layers = fused.fusable(model, loss_fn, objective) if fuse else None
 
     j0 = jobs_sorted[0]
     row_bytes = j0.x[:1].numel() * j0.x.element_size() + j0.y.element_size()

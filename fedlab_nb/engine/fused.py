@@ -52,8 +52,9 @@ def linear_layers(model: nn.Module | None) -> list[tuple[str, str]] | None:
     return None
 
 
-def fusable(model, loss_fn, objective, optimizer, trained) -> list | None:
-    """The model's layers when the fused step computes exactly this run's local training, else None."""
+def fusable(model, loss_fn, objective) -> list | None:
+    """The model's layers when the fused step computes exactly this run's local training (any client optimiser
+    or parameter groups), else None."""
     if getattr(objective, "extra_loss", None) is not None or getattr(loss_fn, "criterion", None) is not None:
         return None
     return linear_layers(model)
@@ -185,9 +186,12 @@ class OptimizerUpdate(PlainUpdate):
         self.opt, self.state, self.t = optimizer, state, torch.tensor(t)  # every active client is at step t
 
     def weight(self, name, delta_t, h):
-        self.bias(name, torch.bmm(delta_t, h))
+        self._step(name, torch.bmm(delta_t, h))
 
     def bias(self, name, g):
+        self._step(name, g)
+
+    def _step(self, name, g):
         g = g if self.corr is None else g + self.corr[name]
         self.opt.step_(self.P[name][:self.a], g, {k: v[name][:self.a] for k, v in self.state.items()}, self.t, self.lr)
 
