@@ -8,6 +8,7 @@ from fedlab_nb.engine import History, NonFiniteUpdateError
 from fedlab_nb.engine.client import batch_schedule
 from fedlab_nb.methods import RoundInfo, weighted_mean
 from fedlab_nb.methods.scaffold import ControlVariateObjective
+from fedlab_nb.utils import rng
 
 KW = dict(model="logreg", rounds=3, clients_per_round=4, lr=0.1, progress=False, backend="loop")
 
@@ -57,6 +58,16 @@ def test_batch_schedule_epochs_and_steps():
     assert [len(x) for x in b] == [4, 4, 2, 4, 4, 2]
     assert sorted(np.concatenate(b[:3])) == list(range(10))
     assert len(batch_schedule(10, 4, 1, 7, g)) == 7
+
+
+@pytest.mark.parametrize("keys", [(0,), (0, 3, 2, 7), (2**32 - 1, 5), (2**32, 1), (12345678901234, 0, 9)])
+def test_keyed_rng_is_numpys_default_rng_of_the_keys(keys):
+    # the fast path (keys as uint32 words) must draw exactly the stream default_rng(list of keys) draws
+    ours, numpys = rng(*keys), np.random.default_rng(list(keys))
+    assert ours.permutation(64).tolist() == numpys.permutation(64).tolist()
+    assert (ours.integers(2**62, size=8) == numpys.integers(2**62, size=8)).all()
+    with pytest.raises(ValueError):
+        rng(-1)
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedprox", "scaffold", "fednova", "fedavgm", "fedadam", "fedyogi", "fedadagrad"])

@@ -156,6 +156,19 @@ def test_activation_estimate_grows_with_width():
     assert 0 < est[0] < est[1]
 
 
+def test_activation_estimate_measured_once_per_model_and_shape(monkeypatch):
+    calls = []
+    measure = batched.activation_bytes_per_row
+    monkeypatch.setattr(batched, "activation_bytes_per_row", lambda *a: calls.append(1) or measure(*a))
+    model = make_model("mlp", (20,), 2, hidden=(8,))
+    loss, theta, y = make_loss(model), flatten_params(model), torch.tensor([0, 1])
+    first = [batched.cached_activation_bytes(model, loss, theta, torch.randn(2, 20), y) for _ in range(3)]
+    assert len(calls) == 1 and first == [measure(loss, theta, torch.randn(2, 20), y)] * 3
+    other = make_model("mlp", (20,), 2, hidden=(256,))
+    assert batched.cached_activation_bytes(other, make_loss(other), flatten_params(other), torch.randn(2, 20), y) > first[0]
+    assert len(calls) == 2
+
+
 def _bench():
     """benchmarks/bench_backends.py as a module (it is a script, not part of the package)."""
     import importlib.util
