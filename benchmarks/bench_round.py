@@ -3,6 +3,10 @@ for a before/after comparison of the engine: run it once per checkout, alternati
 
     OMP_NUM_THREADS=1 PYTHONPATH=<checkout> python benchmarks/bench_round.py [--model mlp] [--clients 100]
 
+Small rounds show the engine's per-round overhead (sampling, batch schedules, chunk planning), e.g. 15 clients,
+one local step of batch 16 on digits with logistic regression, 150 rounds:
+    ... bench_round.py --dataset digits --model logreg --clients 15 --local-steps 1 --batch-size 16 --rounds 150
+
 Prints one JSON line {"seconds_per_round": min over repeats, ...}. `benchmarks/README.md` has the table."""
 from __future__ import annotations
 
@@ -20,15 +24,21 @@ ap.add_argument("--hidden", default="64,32")
 ap.add_argument("--clients", type=int, default=100)
 ap.add_argument("--backend", default="vmap")
 ap.add_argument("--repeats", type=int, default=5)
+ap.add_argument("--dataset", default="mnist5k")
+ap.add_argument("--rounds", type=int, default=2)
+ap.add_argument("--batch-size", type=int, default=10)
+ap.add_argument("--local-steps", type=int, default=None, help="steps per round (default: one epoch)")
 args = ap.parse_args()
 torch.set_num_threads(1)
-fed = fl.federate("mnist5k", "dirichlet", n_clients=args.clients, alpha=0.5, seed=0)
+fed = fl.federate(args.dataset, "dirichlet", n_clients=args.clients, alpha=0.5, seed=0)
 kw = {"hidden": tuple(int(h) for h in args.hidden.split(","))} if args.model == "mlp" else {}
 best = float("inf")
 for _ in range(args.repeats):
     t0 = time.perf_counter()
-    fl.simulate("fedavg", fed, model=args.model, model_kwargs=kw, rounds=2, batch_size=10, lr=0.05,
-                eval_every=10**6, backend=args.backend, progress=False)  # evaluates only the last round
-    best = min(best, (time.perf_counter() - t0) / 2)
-print(json.dumps({"engine": fl.__file__, "model": args.model, "hidden": args.hidden, "clients": args.clients,
+    fl.simulate("fedavg", fed, model=args.model, model_kwargs=kw, rounds=args.rounds, batch_size=args.batch_size,
+                local_steps=args.local_steps, lr=0.05, eval_every=10**6, backend=args.backend,
+                progress=False)  # evaluates only the last round
+    best = min(best, (time.perf_counter() - t0) / args.rounds)
+print(json.dumps({"engine": fl.__file__, "dataset": args.dataset, "model": args.model, "hidden": args.hidden,
+                  "clients": args.clients, "rounds": args.rounds,
                   "backend": args.backend, "seconds_per_round": round(best, 4)}))

@@ -190,6 +190,20 @@ def test_bench_backends_tiny(tmp_path):
     assert (floor["floor_s"] == floor[["memory_floor_s", "flop_floor_s"]].max(axis=1)).all()
 
 
+def test_bench_round_small_rounds():
+    """bench_round.py's small-round mode (the per-round overhead) runs and prints its JSON line."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_round.py"
+    args = ["--dataset", "digits", "--model", "logreg", "--clients", "4", "--local-steps", "1", "--batch-size", "8",
+            "--rounds", "3", "--repeats", "1"]
+    line = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, check=True).stdout
+    got = json.loads(line.strip().splitlines()[-1])
+    assert got["rounds"] == 3 and got["dataset"] == "digits" and got["seconds_per_round"] > 0
+
+
 def test_roofline_flops_per_row_is_the_matmul_count():
     """Forward 2·W, weight gradients 2·W, input gradients 2·W of every layer but the first (x needs none)."""
     import fedlab_nb as fl
