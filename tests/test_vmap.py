@@ -162,11 +162,13 @@ def test_activation_estimate_measured_once_per_model_and_shape(monkeypatch):
     monkeypatch.setattr(batched, "activation_bytes_per_row", lambda *a: calls.append(1) or measure(*a))
     model = make_model("mlp", (20,), 2, hidden=(8,))
     loss, theta, y = make_loss(model), flatten_params(model), torch.tensor([0, 1])
-    first = [batched.cached_activation_bytes(model, loss, theta, torch.randn(2, 20), y) for _ in range(3)]
+    first = [batched.cached_activation_bytes(loss, theta, torch.randn(2, 20), y, model) for _ in range(3)]
     assert len(calls) == 1 and first == [measure(loss, theta, torch.randn(2, 20), y)] * 3
+    one_row = batched.cached_activation_bytes(loss, theta, torch.randn(1, 20), y[:1], model)
+    assert len(calls) == 2 and one_row == measure(loss, theta, torch.randn(1, 20), y[:1])  # the 1-row path: its own entry
     other = make_model("mlp", (20,), 2, hidden=(256,))
-    assert batched.cached_activation_bytes(other, make_loss(other), flatten_params(other), torch.randn(2, 20), y) > first[0]
-    assert len(calls) == 2
+    assert batched.cached_activation_bytes(make_loss(other), flatten_params(other), torch.randn(2, 20), y, other) > first[0]
+    assert len(calls) == 3
 
 
 def _bench():

@@ -101,12 +101,13 @@ def activation_bytes_per_row(loss_fn, theta: torch.Tensor, x: torch.Tensor, y: t
     return max(saved_bytes(2) - saved_bytes(1), 0)
 
 
-def cached_activation_bytes(owner, loss_fn, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> int:
-    """`activation_bytes_per_row`, measured once per `owner` (the model, else loss_fn) and input shapes:
-    the saved activations depend on the architecture and the row shape, not on the weights."""
-    key = (tuple(x.shape[1:]), x.dtype, tuple(y.shape[1:]), y.dtype, theta.numel(), theta.dtype, theta.device.type)
+def cached_activation_bytes(loss_fn, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, model=None) -> int:
+    """`activation_bytes_per_row`, measured once per model (else loss_fn), row shape and row count (1 or 2
+    rows take different paths there): the saved activations depend on the architecture, not the weights."""
+    key = (len(y), tuple(x.shape[1:]), x.dtype, tuple(y.shape[1:]), y.dtype, theta.numel(), theta.dtype,
+           theta.device.type)
     try:
-        known = _ACTIVATIONS.setdefault(owner, {})
+        known = _ACTIVATIONS.setdefault(loss_fn if model is None else model, {})
     except TypeError:  # an owner that takes no weak reference is measured every time
         known = {}
     if key not in known:
@@ -282,7 +283,7 @@ def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, obje
     j0 = jobs_sorted[0]
     row_bytes = j0.x[:1].numel() * j0.x.element_size() + j0.y.element_size()
     batch = max((len(b) for j in jobs for b in j.batches), default=1)
-    act = cached_activation_bytes(loss_fn if model is None else model, loss_fn, theta, j0.x[:2].to(theta.device), j0.y[:2].to(theta.device))
+    act = cached_activation_bytes(loss_fn, theta, j0.x[:2].to(theta.device), j0.y[:2].to(theta.device), model)
     copies = PARAM_COPIES + (j0.ctx is not None) + (0 if optimizer is None else len(optimizer.state_names()))
     per_param = theta.numel() * theta.element_size() * copies
     cost = np.array([per_param + 2 * batch * (act + row_bytes) + len(j.y) * row_bytes for j in jobs_sorted])
