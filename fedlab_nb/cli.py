@@ -319,7 +319,7 @@ def cmd_figures(args) -> int:
         raise C.ReproError(f"no reference {F.reference_path(paper.id, root)}; create it with "
                            f"`fedlab-nb figures update {paper.id}`")
     folder = F.smoke_run_dir(paper.id, root, _results(args, root), args.from_dir)
-    problems = F.compare_figures(F.run_figures(folder), reference["figures"], paper.figure_tolerance)
+    problems = F.figure_problems(paper, folder)
     print("\n".join(f"  {p}" for p in problems) or f"{paper.id}: figure data within tolerance of the reference")
     return 1 if problems else 0
 

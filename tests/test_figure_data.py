@@ -208,6 +208,54 @@ def test_update_then_check_via_cli(tmp_path, capsys):
     assert_figures_match(paper, run)
 
 
+def _run_on(folder, y, cpu):
+    """A fake run whose figure data says it was made on CPU kind `cpu`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    F.write_figure_data(folder, "main", {**payload(y)["main"], "cpu": cpu})
+    return folder
+
+
+def test_figure_data_records_the_cpu_kind():
+    import torch
+    assert payload(BASE)["main"]["cpu"] == torch.backends.cpu.get_cpu_capability() == F.cpu_kind()
+
+
+def test_a_run_on_another_cpu_kind_is_kept_beside_the_main_reference(tmp_path, capsys):
+    """A chaotic run ends elsewhere on another summation order: its kind's run is recorded under by_cpu and each
+    run is compared with its own kind's reference; the tolerance is not widened."""
+    root = make_root(tmp_path)
+    paper = C.load_paper("tiny", root)
+    main = _run_on(tmp_path / "main", BASE, "AVX512")
+    F.update_reference(paper, tmp_path / "results", main)
+    moved = list(BASE)
+    moved[3] = 0.2
+    other = _run_on(tmp_path / "other", moved, "AVX2")
+    problems = F.figure_problems(paper, other)
+    assert "values[3] = 0.2, reference 0.7" in problems[0]
+    assert "CPU kind AVX2; the reference was recorded on AVX512" in problems[-1]
+
+    _, lines = F.update_reference(paper, tmp_path / "results", other)
+    assert lines[0] == "CPU kind AVX2 (the main reference: AVX512):"
+    stored = json.loads(F.reference_path("tiny", root).read_text())
+    assert stored["cpu"] == "AVX512" and set(stored["by_cpu"]) == {"AVX2"}
+    assert F.figure_problems(paper, other) == [] and F.figure_problems(paper, main) == []
+    assert F.figure_problems(paper, _run_on(tmp_path / "main2", moved, "AVX512"))  # still strict on each kind
+    third = F.figure_problems(paper, _run_on(tmp_path / "third", moved, "DEFAULT"))  # no run of that kind: main
+    assert "values[3]" in third[0] and "recorded on AVX512" in third[-1]
+
+    _, lines = F.update_reference(paper, tmp_path / "results", main)  # a new main reference drops the others
+    assert any("dropped the AVX2 run" in line for line in lines)
+    assert "by_cpu" not in json.loads(F.reference_path("tiny", root).read_text())
+
+
+def test_bad_by_cpu_names_the_fix(tmp_path):
+    path = tmp_path / "papers" / "figures" / "x.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"figures": {}, "by_cpu": {"AVX2": [1, 2]}}))
+    with pytest.raises(F.FigureDataError, match="by_cpu.*figures update x"):
+        F.load_reference("x", tmp_path)
+
+
 def test_check_without_reference_or_data_is_an_error(tmp_path, capsys):
     root = make_root(tmp_path)
     assert cli.main(["figures", "check", "tiny", "--root", str(root), "--from", str(tmp_path)]) == 1

@@ -5,6 +5,10 @@
 images / heatmaps, scatter offsets). `papers/figures/<paper id>.json` holds the smoke-scale reference;
 `compare_figures` says which series moved beyond the tolerance of papers/SCHEMA.md ("Figures").
 Pixel comparison is not the goal (it breaks across matplotlib versions): the plotted numbers are.
+
+A reference is recorded on one CPU kind (torch's kernel dispatch level, e.g. AVX512 or AVX2: it fixes the
+summation order, so a chaotic run can end elsewhere on another kind). `by_cpu` holds runs recorded on other
+kinds; a run is compared with the reference of its own kind when there is one, else with the main one.
 """
 from __future__ import annotations
 
@@ -127,9 +131,18 @@ def data_series(data) -> list[dict]:
         raise TypeError(f"save_figure(data=...): values must be numbers ({e})") from None
 
 
+def cpu_kind() -> str:
+    """torch's CPU kernel dispatch level (AVX512, AVX2, DEFAULT, ...; ATEN_CPU_CAPABILITY can lower it)."""
+    try:
+        import torch
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (ImportError, AttributeError):
+        return "unknown"
+
+
 def figure_payload(figure, name: str, data=None) -> dict:
     source, series = ("data", data_series(data)) if data is not None else ("figure", extract_figure_data(figure))
-    return {"figure": name, "source": source, "series": series}
+    return {"figure": name, "source": source, "cpu": cpu_kind(), "series": series}
 
 
 def write_figure_data(folder: Path, name: str, payload: dict) -> Path:
@@ -165,13 +178,36 @@ def load_reference(paper_id: str, root) -> dict | None:
         raise FigureDataError(f"{path}: not valid JSON ({e}); regenerate it with `fedlab-nb figures update {paper_id}`")
     if not isinstance(data, dict) or not isinstance(data.get("figures"), dict):
         raise FigureDataError(f"{path}: no 'figures' mapping; regenerate it with `fedlab-nb figures update {paper_id}`")
+    by_cpu = data.get("by_cpu", {})
+    if not isinstance(by_cpu, dict) or not all(isinstance(v, dict) and isinstance(v.get("figures"), dict)
+                                               for v in by_cpu.values()):
+        raise FigureDataError(f"{path}: 'by_cpu' must map a CPU kind to {{'figures': {{...}}}}; regenerate it with "
+                              f"`fedlab-nb figures update {paper_id}` on each CPU kind")
     return data
 
 
-def write_reference(paper_id: str, root, figures: dict, parameters: dict | None = None) -> Path:
+def run_cpu(figures: dict) -> str:
+    """The CPU kind a run's figure data was made on (this machine's for data saved before it was recorded)."""
+    kinds = {p.get("cpu") for p in figures.values() if isinstance(p, dict) and p.get("cpu")}
+    return kinds.pop() if len(kinds) == 1 else cpu_kind()
+
+
+def reference_for(reference: dict, cpu: str) -> tuple[dict, str]:
+    """(figures, the CPU kind they were recorded on) to compare a run made on `cpu` with."""
+    variant = reference.get("by_cpu", {}).get(cpu)
+    if variant is not None:
+        return variant["figures"], cpu
+    return reference["figures"], reference.get("cpu", "unknown")
+
+
+def write_reference(paper_id: str, root, figures: dict, parameters: dict | None = None, cpu: str = "unknown",
+                    by_cpu: dict | None = None) -> Path:
     from .recording import write_json_atomic
     path = reference_path(paper_id, root)
-    write_json_atomic(path, {"paper": paper_id, "scale": "smoke", "parameters": parameters or {}, "figures": figures})
+    body = {"paper": paper_id, "scale": "smoke", "parameters": parameters or {}, "cpu": cpu, "figures": figures}
+    if by_cpu:
+        body["by_cpu"] = by_cpu
+    write_json_atomic(path, body)
     return path
 
 
@@ -248,11 +284,19 @@ def changes(new: dict, ref: dict | None) -> list[str]:
 
 
 def figure_problems(paper, run_dir) -> list[str] | None:
-    """Problems of a run's figure data against papers/figures/<id>.json; None when there is no reference yet."""
+    """Problems of a run's figure data against papers/figures/<id>.json (the reference of the run's CPU kind
+    when recorded, else the main one; the last line then says so); None when there is no reference yet."""
     reference = load_reference(paper.id, paper.root)
     if reference is None:
         return None
-    return compare_figures(run_figures(run_dir), reference["figures"], getattr(paper, "figure_tolerance", None))
+    new = run_figures(run_dir)
+    cpu = run_cpu(new)
+    figures, recorded_on = reference_for(reference, cpu)
+    problems = compare_figures(new, figures, getattr(paper, "figure_tolerance", None))
+    if problems and recorded_on != cpu:
+        problems.append(f"(this run: CPU kind {cpu}; the reference was recorded on {recorded_on}: if the change comes "
+                        f"from the CPU alone, record this kind's run with `fedlab-nb figures update {paper.id}` here)")
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------- CLI helpers
@@ -277,10 +321,21 @@ def smoke_run_dir(paper_id: str, root, out_dir, from_dir=None) -> Path:
 
 
 def update_reference(paper, out_dir, from_dir=None) -> tuple[Path, list[str]]:
-    """Regenerate papers/figures/<id>.json from a smoke run; returns (path, what changed)."""
+    """Regenerate papers/figures/<id>.json from a smoke run; returns (path, what changed). A run on the CPU kind
+    of the main reference (or a first run) replaces the main reference and drops the other kinds' runs (they
+    were recorded against the old one); a run on another kind is stored under `by_cpu`, the rest kept."""
     folder = smoke_run_dir(paper.id, paper.root, out_dir, from_dir)
     new = run_figures(folder)
+    cpu = run_cpu(new)
     old = load_reference(paper.id, paper.root)
-    lines = changes(new, None if old is None else old["figures"])
     parameters = dict(paper.scales["smoke"]["parameters"])
-    return write_reference(paper.id, paper.root, new, parameters), lines
+    if old is None or old.get("cpu", cpu) == cpu:
+        lines = changes(new, None if old is None else old["figures"])
+        dropped = sorted((old or {}).get("by_cpu", {}))
+        lines += [f"dropped the {kind} run (recorded against the old reference); record it again with "
+                  f"`fedlab-nb figures update {paper.id}` on such a CPU" for kind in dropped]
+        return write_reference(paper.id, paper.root, new, parameters, cpu), lines
+    by_cpu = dict(old.get("by_cpu", {}))
+    lines = [f"CPU kind {cpu} (the main reference: {old['cpu']}):"] + changes(new, by_cpu.get(cpu, {}).get("figures"))
+    by_cpu[cpu] = {"figures": new}
+    return write_reference(paper.id, paper.root, old["figures"], old.get("parameters"), old["cpu"], by_cpu), lines
