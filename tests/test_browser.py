@@ -55,6 +55,8 @@ def lab(tmp_path):
         cmd.append("--allow-root")
     settings = tmp_path / "lab_settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)  # every cell in the page (no windowing): the test reads all prompts and outputs
+    # not autoStartDefaultKernel: under load it opened the kernel's channels twice at once (a 500 on one) and
+    # the explorer's widget models were lost ("model not found")
     (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
     cmd.append(f"--LabApp.user_settings_dir={tmp_path / 'lab_settings'}")
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter_config"), "OMP_NUM_THREADS": "1",
@@ -112,12 +114,37 @@ def _dismiss_dialogs(page) -> list[str]:
     return seen
 
 
+def _wait_for_idle_kernel(page, timeout_ms: int = 60_000):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    try:
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=timeout_ms)
+    except PlaywrightTimeout:
+        pass  # the next Run All try says what it found
+
+
+def _wait_for_explorer(page, timeout_ms: int = 120_000):
+    """The explorer's widgets render once the widget manager has the kernel's comm messages (late under load)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    try:
+        page.wait_for_selector(".widget-vbox .widget-output", timeout=timeout_ms)
+    except PlaywrightTimeout:
+        page.screenshot(path=str(SHOTS / "explorer_missing.png"))
+        text = page.inner_text(".jp-Notebook")
+        tail = text[text.find("explore("):][:1500]
+        pytest.fail(f"the explorer's widgets did not render in {timeout_ms / 1000:.0f} s (screenshot: "
+                    f"results/screenshots/explorer_missing.png); its cell shows:\n{tail}")
+
+
 def _run_all_cells(page, tries: int = 4):
     """Run → Run All Cells; a click that lands before the kernel is connected does nothing, so try again."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     dialogs = []
     for _ in range(tries):
-        dialogs += _dismiss_dialogs(page)
+        dismissed = _dismiss_dialogs(page)
+        if dismissed:  # accepting a kernel choice starts a fresh kernel: a click before it is idle is lost and
+            # brings the dialog back (seen under load: three dialogs, four kernels, no cell run)
+            _wait_for_idle_kernel(page)
+        dialogs += dismissed
         try:
             page.click("li.lm-MenuBar-item:has-text('Run')", timeout=15_000)
             page.click(".lm-Menu-itemLabel:text-is('Run All Cells')", timeout=15_000)
@@ -184,6 +211,7 @@ def test_notebook_runs_in_jupyterlab_and_the_explorer_redraws(lab):
         assert len(figures) >= 3, f"expected the notebook's figures to render, found {len(figures)} images"
         page.screenshot(path=str(SHOTS / "jupyterlab_notebook00.png"), full_page=False)
 
+        _wait_for_explorer(page)
         explorer = page.locator(".widget-vbox .widget-output").last
         explorer.scroll_into_view_if_needed()
         before = _image_sources(page, ".widget-output img")
