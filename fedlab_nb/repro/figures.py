@@ -200,11 +200,10 @@ def reference_for(reference: dict, cpu: str) -> tuple[dict, str]:
     return reference["figures"], reference.get("cpu", "unknown")
 
 
-def write_reference(paper_id: str, root, figures: dict, parameters: dict | None = None, cpu: str = "unknown",
-                    by_cpu: dict | None = None) -> Path:
+def write_reference(paper_id: str, root, figures: dict, parameters: dict, cpu: str, by_cpu: dict | None = None) -> Path:
     from .recording import write_json_atomic
     path = reference_path(paper_id, root)
-    body = {"paper": paper_id, "scale": "smoke", "parameters": parameters or {}, "cpu": cpu, "figures": figures}
+    body = {"paper": paper_id, "scale": "smoke", "parameters": parameters, "cpu": cpu, "figures": figures}
     if by_cpu:
         body["by_cpu"] = by_cpu
     write_json_atomic(path, body)
@@ -338,4 +337,4 @@ def update_reference(paper, out_dir, from_dir=None) -> tuple[Path, list[str]]:
     by_cpu = dict(old.get("by_cpu", {}))
     lines = [f"CPU kind {cpu} (the main reference: {old['cpu']}):"] + changes(new, by_cpu.get(cpu, {}).get("figures"))
     by_cpu[cpu] = {"figures": new}
-    return write_reference(paper.id, paper.root, old["figures"], old.get("parameters"), old["cpu"], by_cpu), lines
+    return write_reference(paper.id, paper.root, old["figures"], old.get("parameters", {}), old["cpu"], by_cpu), lines
