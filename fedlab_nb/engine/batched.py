@@ -223,12 +223,11 @@ def _train_chunk(step, spec, theta, jobs, lr, out, where, weights, start=None, o
     total = theta.new_zeros(c)
     step_lr = lr if optimizer is None or optimizer.lr is None else optimizer.lr
     if layers is not None:
-        P = fused.separate(theta if start is None else start, spec, c)
         block = fused.block_clients(theta.numel(), theta.element_size())
         correction = None if corrected is None else _fused_correction(corrected, theta, ctx, spec)
-        fused.train_blocked(P, layers, active, width, rows, mask, x, y, step_lr, total, block, correction,
-                            optimizer, trained)
-        fused.write_rows(out, where, P, spec, None if weights else theta)
+        write = lambda lo, hi, sub: fused.write_rows(out, where[lo:hi], sub, spec, None if weights else theta)
+        fused.train_blocked(theta if start is None else start, spec, layers, active, width, rows, mask, x, y,
+                            step_lr, total, block, write, correction, optimizer, trained)
         return total / steps
     batched = vmap(step, in_dims=(0, 0, 0, 0, 0 if with_ctx else None, None))
     W = theta.repeat(c, 1) if start is None else start   # the clients' flat parameters, [c, d] (a fresh copy)

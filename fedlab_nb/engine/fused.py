@@ -22,9 +22,10 @@ tensors of parameter groups are not updated and their gradients are not formed.
 takes all its local steps before the next starts, so a client's weights are read from memory once per round
 rather than once per step. The clients are independent, so the result is the same, bit for bit.
 
-The clients' weights train as one contiguous [c, *shape] stack per parameter tensor (`separate`), not as
-views of the flat rows [c, d]: torch runs an in-place batched product on a contiguous stack as one batched
-GEMM, on strided views as one product per client. `write_rows` puts them back into the round's rows.
+A block's weights train as one contiguous [block, *shape] stack per parameter tensor (`stacks`, reused by
+every block), not as views of the flat rows [c, d]: torch runs an in-place batched product on a contiguous
+stack as one batched GEMM, on strided views as one product per client. `write_rows` puts a finished block
+into the round's rows.
 """
 from __future__ import annotations
 
@@ -60,12 +61,16 @@ def fusable(model, loss_fn, objective) -> list | None:
     return linear_layers(model)
 
 
-def separate(W: torch.Tensor, spec, c: int) -> dict[str, torch.Tensor]:
-    """Each parameter of the c clients as its own contiguous [c, *shape] tensor (a copy), from their flat
-    rows W [c, d], or from θ [d] (every client starts there)."""
+def stacks(spec, c: int, like: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Room for c clients' parameters: one contiguous [c, *shape] tensor per parameter (uninitialised)."""
+    return {name: like.new_empty(c, *shape) for name, shape in spec}
+
+
+def load_rows(P: dict[str, torch.Tensor], W: torch.Tensor, spec, n: int) -> None:
+    """P[name][:n] = n clients' start parameters: their flat rows W [n, d], or θ [d] for all of them."""
     from .batched import stacked_views   # batched imports this module
-    rows = W.expand(c, -1) if W.dim() == 1 else W
-    return {name: v.clone(memory_format=torch.contiguous_format) for name, v in stacked_views(rows, spec).items()}
+    for name, v in stacked_views(W.expand(n, -1) if W.dim() == 1 else W, spec).items():
+        P[name][:n].copy_(v)
 
 
 ROW_BYTES = 4096   # rows at least this long are written one by one: one pass, the per-call overhead is small
@@ -100,18 +105,23 @@ def block_clients(d: int, itemsize: int) -> int:
     return max(1, BLOCK_BYTES // max(1, d * itemsize))
 
 
-def train_blocked(P: dict[str, torch.Tensor], layers, active, width, rows, mask, x, y, lr: float,
-                  total: torch.Tensor, block: int, correction=None, optimizer=None, trained=None) -> None:
-    """All local steps of the c clients in P, `block` clients at a time. active[s]: clients (a prefix, sorted
-    by steps) still training at step s; width[s]: the step's largest real batch; rows [S, c, B] into x, y;
-    mask [S, c, B]. Adds each client's batch losses to `total` [c]. `correction(lo, sub, a)`: the objective's
-    term added to the gradient of clients lo..lo+a−1 (stacks like P), or None. `optimizer`: the client
-    optimiser (core.optim; None: plain SGD); `trained`: the parameter names that move (None: all)."""
+def train_blocked(start: torch.Tensor, spec, layers, active, width, rows, mask, x, y, lr: float,
+                  total: torch.Tensor, block: int, write, correction=None, optimizer=None, trained=None) -> None:
+    """All local steps of c clients, `block` clients at a time, from `start`: θ [d] (every client) or their
+    start rows [c, d]. Each block trains in one set of stacks reused by the next (so it stays in cache and
+    the round never holds c clients' stacks) and goes to write(lo, hi, stacks) when done. active[s]: clients
+    (a prefix, sorted by steps) still training at step s; width[s]: the step's largest real batch; rows
+    [S, c, B] into x, y; mask [S, c, B]. Adds each client's batch losses to `total` [c].
+    `correction(lo, sub, a)`: the objective's term added to the gradient of clients lo..lo+a−1 (stacks like
+    sub), or None. `optimizer`: the client optimiser (core.optim; None: plain SGD); `trained`: the parameter
+    names that move (None: all)."""
     c = total.shape[0]
     names = () if optimizer is None else optimizer.state_names()
+    P = stacks(spec, min(block, c), start)
     for lo in range(0, c, block):
         hi = min(c, lo + block)
-        sub = {name: p[lo:hi] for name, p in P.items()}
+        load_rows(P, start if start.dim() == 1 else start[lo:hi], spec, hi - lo)
+        sub = {name: p[:hi - lo] for name, p in P.items()}
         state = {k: {n: torch.zeros_like(p) for n, p in sub.items()} for k in names}  # fresh each round, as on the loop
         for s, (a, b) in enumerate(zip(active, width)):
             a = min(a - lo, hi - lo)
@@ -122,6 +132,7 @@ def train_blocked(P: dict[str, torch.Tensor], layers, active, width, rows, mask,
             xb, yb = x.index_select(0, idx).view(a, b, *x.shape[1:]), y.index_select(0, idx).view(a, b)
             update = make_update(optimizer, sub, state, a, s + 1, lr, corr)
             total[lo:lo + a] += sgd_step_(sub, layers, a, xb, yb, mask[s, lo:lo + a, :b], update, trained)
+        write(lo, hi, sub)
 
 
 def make_update(optimizer, P, state, a: int, t: int, lr: float, corr):
