@@ -324,26 +324,3 @@ def test_fused_clients_without_steps_keep_theta(monkeypatch, block_bytes):
     got = batched.train_clients_fused(make_loss(model), theta, jobs, 0.2, LocalObjective(), weights=True)
     assert all(torch.equal(got[0][k], theta) for k in (1, 5, 6))
     torch.testing.assert_close(got[0], loop[0], atol=1e-6, rtol=1e-5)
-
-
-def test_batched_backends_gather_from_the_federations_rows_without_a_copy(digits_fed):
-    """A FederatedDataset's clients are consecutive row slices of one x and one y (same values as the
-    partition's rows), so a round's chunk gathers from them directly; jobs with rows of their own
-    (e.g. poisoned copies) are concatenated as before."""
-    from fedlab_nb.engine import server
-    xs = [x for x, _ in digits_fed.client_train]
-    base = xs[0]._base
-    assert base is not None and all(x._base is base for x in xs)
-    for k, idx in enumerate(digits_fed.train_idx):
-        assert torch.equal(digits_fed.client_train[k][0], digits_fed.dataset.x_train[idx])
-        assert torch.equal(digits_fed.client_train[k][1], digits_fed.dataset.y_train[idx])
-    cfg = server.RunConfig(batch_size=8, lr=0.1, local_epochs=1)
-    jobs = server._local_jobs(digits_fed, np.array([3, 0, 5]), cfg, 0, None)
-    x, y, first = batched.chunk_rows(jobs, torch.device("cpu"))
-    assert x is base and y is digits_fed.client_train[0][1]._base
-    for j, f in zip(jobs, first):
-        assert torch.equal(x[f:f + len(j.y)], j.x) and torch.equal(y[f:f + len(j.y)], j.y)
-    own = [LocalJob(j.client_id, j.x.clone(), j.y.clone(), j.batches, None) for j in jobs]
-    x2, y2, first2 = batched.chunk_rows(own, torch.device("cpu"))
-    assert x2._base is None and first2.tolist() == [0, len(jobs[0].y), len(jobs[0].y) + len(jobs[1].y)]
-    assert torch.equal(x2, torch.cat([j.x for j in jobs]))

@@ -39,19 +39,6 @@ def _check_dataset(dataset: Dataset, parts: Partition) -> None:
                          f"0 … {n - 1}; build the partition from this data set's labels (dataset.y_train.numpy())")
 
 
-def as_row_slices(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The clients' (x, y) as consecutive row slices of one x and one y tensor (the same values), so the
-    batched backends gather a round's batches from them without first concatenating the clients' rows.
-    Clients whose rows differ in shape or dtype are kept as they are."""
-    xs, ys = [x for x, _ in parts], [y for _, y in parts]
-    if not parts or any(x.shape[1:] != xs[0].shape[1:] or x.dtype != xs[0].dtype for x in xs) or \
-            any(y.shape[1:] != ys[0].shape[1:] or y.dtype != ys[0].dtype for y in ys):
-        return parts
-    x, y = torch.cat(xs), torch.cat(ys)
-    ends = np.cumsum([len(t) for t in ys])
-    return [(x[e - len(t):e], y[e - len(t):e]) for e, t in zip(ends, ys)]
-
-
 class FederatedDataset:
     """Clients' train/test rows of one `Dataset`.
 
@@ -87,7 +74,7 @@ class FederatedDataset:
         return x.to(self.device), self.dataset.y_train[idx].to(self.device)
 
     def _materialise(self):
-        self.client_train = as_row_slices([self._client_rows(k, idx) for k, idx in enumerate(self.train_idx)])
+        self.client_train = [self._client_rows(k, idx) for k, idx in enumerate(self.train_idx)]
         self.client_test = [self._client_rows(k, idx) for k, idx in enumerate(self.test_idx)]
         self.x_test = self.dataset.x_test.to(self.device)
         self.y_test = self.dataset.y_test.to(self.device)

@@ -139,28 +139,6 @@ def plan_chunks(cost: np.ndarray, budget: int) -> list[np.ndarray]:
 
 
 # --- one chunk ----------------------------------------------------------------------------------------
-def chunk_rows(jobs, dev) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """(x, y, each job's first row in them): the tensors the jobs' rows are consecutive slices of, when
-    they all are (a FederatedDataset's clients: no copy), else the jobs' rows concatenated."""
-    bx, by = jobs[0].x._base, jobs[0].y._base
-    if bx is not None and by is not None and bx.device == dev and by.device == dev and bx.is_contiguous() \
-            and by.is_contiguous() and len(bx) == len(by) and bx.dim() >= 1 and by.dim() >= 1:
-        width_x, width_y = bx[:1].numel(), by[:1].numel()
-        first = []
-        for j in jobs:
-            if j.x._base is not bx or j.y._base is not by or not (j.x.is_contiguous() and j.y.is_contiguous()):
-                break
-            row, rest = divmod(j.x.storage_offset() - bx.storage_offset(), max(width_x, 1))
-            if rest or j.y.storage_offset() - by.storage_offset() != row * width_y:
-                break
-            first.append(row)
-        else:
-            return bx, by, np.array(first, dtype=np.int64)
-    sizes = np.array([len(j.y) for j in jobs])
-    return (torch.cat([j.x for j in jobs]).to(dev), torch.cat([j.y for j in jobs]).to(dev),
-            np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64))
-
-
 def padded_schedule(jobs, offsets: np.ndarray):
     """(rows [S, c, B] int64 into the chunk's concatenated data, mask [S, c, B], steps τ [c]); padding
     points at the client's first row and has mask 0."""
@@ -231,10 +209,13 @@ def _train_chunk(step, spec, theta, jobs, lr, out, where, weights, start=None, o
     the vmapped autograd step, a cache block of clients at a time (fused.train_blocked), with the correction
     term of the objective `corrected` (None: no term) and the client optimiser."""
     dev, c = theta.device, len(jobs)
-    x, y, offsets = chunk_rows(jobs, dev)
+    sizes = np.array([len(j.y) for j in jobs])
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     rows, mask, tau = padded_schedule(jobs, offsets)
     active = [int((tau > s).sum()) for s in range(len(rows))]      # prefix of still-training clients
     width = [int(mask[s].sum(1).max()) for s in range(len(rows))]  # largest real batch of the step
+    x = torch.cat([j.x for j in jobs]).to(dev)
+    y = torch.cat([j.y for j in jobs]).to(dev)
     rows, mask = torch.as_tensor(rows, device=dev), torch.as_tensor(mask, device=dev, dtype=theta.dtype)
     with_ctx = jobs[0].ctx is not None
     ctx = torch.stack([j.ctx for j in jobs]).to(dev) if with_ctx else None
