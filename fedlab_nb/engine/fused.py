@@ -22,8 +22,8 @@ tensors of parameter groups are not updated and their gradients are not formed.
 takes all its local steps before the next starts, so a client's weights are read from memory once per round
 rather than once per step. The clients are independent, so the result is the same, bit for bit.
 
-A block's weights train as one contiguous [block, *shape] stack per parameter tensor (`stacks`, reused by
-every block), not as views of the flat rows [c, d]: torch runs an in-place batched product on a contiguous
+A block's weights train as one contiguous [block, *shape] stack per parameter tensor (reused by every
+block), not as views of the flat rows [c, d]: torch runs an in-place batched product on a contiguous
 stack as one batched GEMM, on strided views as one product per client. `write_rows` puts a finished block
 into the round's rows.
 """
@@ -61,11 +61,6 @@ def fusable(model, loss_fn, objective) -> list | None:
     return linear_layers(model)
 
 
-def stacks(spec, c: int, like: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Room for c clients' parameters: one contiguous [c, *shape] tensor per parameter (uninitialised)."""
-    return {name: like.new_empty(c, *shape) for name, shape in spec}
-
-
 def load_rows(P: dict[str, torch.Tensor], W: torch.Tensor, spec, n: int) -> None:
     """P[name][:n] = n clients' start parameters: their flat rows W [n, d], or θ [d] for all of them."""
     from .batched import stacked_views   # batched imports this module
@@ -97,7 +92,7 @@ def write_rows(out: torch.Tensor, where: torch.Tensor, P: dict[str, torch.Tensor
         out[:, cols].index_copy_(0, where, src if minus is None else src - minus[cols])
 
 
-BLOCK_BYTES = 8 * 2**20   # weights of one block of clients: within L3; the fastest of 0.5-32 MiB on an AMX Xeon (2 MiB L2)
+BLOCK_BYTES = 8 * 2**20   # one block's weights, within L3: the fastest of 0.5-32 MiB on an AMX Xeon (2 MiB L2)
 
 
 def block_clients(d: int, itemsize: int) -> int:
@@ -117,7 +112,7 @@ def train_blocked(start: torch.Tensor, spec, layers, active, width, rows, mask, 
     names that move (None: all)."""
     c = total.shape[0]
     names = () if optimizer is None else optimizer.state_names()
-    P = stacks(spec, min(block, c), start)
+    P = {name: start.new_empty(min(block, c), *shape) for name, shape in spec}   # contiguous, filled per block
     for lo in range(0, c, block):
         hi = min(c, lo + block)
         load_rows(P, start if start.dim() == 1 else start[lo:hi], spec, hi - lo)
