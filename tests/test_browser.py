@@ -5,6 +5,7 @@ redraws after a dropdown and a slider change, and that the page logged no JavaSc
 (`fedlab-nb report` on the fixture repository) is opened as a file. Screenshots: results/screenshots/."""
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -135,6 +137,39 @@ def _wait_for_explorer(page, timeout_ms: int = 120_000):
                     f"results/screenshots/explorer_missing.png); its cell shows:\n{tail}")
 
 
+def _api(url: str, token: str, method: str, path: str, body: dict | None = None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{url}{path}", data=data, method=method,
+                                     headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read() or b"null")
+
+
+def _start_session(url: str, token: str, notebook: str) -> str:
+    """The notebook's kernel session, started through the REST API before the page opens: the page then connects
+    to it instead of starting one itself. Left to the page, a Run All that lands while its own start is pending
+    (slow under load) starts more kernels and shows the kernel choice (CI, 2026-12-03: three dialogs, no cell run)."""
+    session = _api(url, token, "POST", "/api/sessions",
+                   {"path": notebook, "type": "notebook", "name": notebook, "kernel": {"name": "python3"}})
+    return session["kernel"]["id"]
+
+
+def _wait_for_page_kernel(page, url: str, token: str, kernel_id: str, timeout_s: float = 120):
+    """Until the page holds the pre-started kernel: the server counts its websocket and the kernel answered
+    (execution state idle), and the toolbar names the kernel (not "No Kernel")."""
+    deadline, kernel, shown = time.time() + timeout_s, {}, ""
+    while time.time() < deadline:
+        kernel = _api(url, token, "GET", f"/api/kernels/{kernel_id}")
+        shown = page.eval_on_selector_all(".jp-NotebookPanel-toolbar .jp-KernelName",
+                                          "els => els.map(e => e.textContent).join()")
+        if kernel["connections"] and kernel["execution_state"] == "idle" and shown and "No Kernel" not in shown:
+            return
+        time.sleep(0.5)
+    page.screenshot(path=str(SHOTS / "jupyterlab_no_kernel.png"))
+    pytest.fail(f"the page did not connect to the kernel in {timeout_s:.0f} s: server says {kernel}, the toolbar "
+                f"shows {shown!r} (screenshot: results/screenshots/jupyterlab_no_kernel.png)")
+
+
 def _run_all_cells(page, tries: int = 4):
     """Run → Run All Cells; a click that lands before the kernel is connected does nothing, so try again."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -199,9 +234,10 @@ def test_notebook_runs_in_jupyterlab_and_the_explorer_redraws(lab):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
+        kernel_id = _start_session(url, token, NOTEBOOK)
         page.goto(f"{url}/lab/tree/{NOTEBOOK}?token={token}")
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+        _wait_for_page_kernel(page, url, token, kernel_id)
         _run_all_cells(page)
         _wait_until_idle(page, 300)
         text = page.inner_text(".jp-Notebook")
