@@ -4,7 +4,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from torch.func import grad_and_value, vmap
 
 import fedlab_nb as fl
 from fedlab_nb.core import SGD
@@ -13,7 +12,6 @@ from fedlab_nb.engine.batched import plan_chunks, train_clients_vmap
 from fedlab_nb.engine.client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from fedlab_nb.methods import LocalObjective
 from fedlab_nb.methods.fedprox import ProximalObjective
-from fedlab_nb.methods.moon import ModelContrastiveObjective
 from fedlab_nb.methods.scaffold import ControlVariateObjective
 from fedlab_nb.models import flatten_params, make_model
 
@@ -110,36 +108,6 @@ def test_model_free_loss_falls_back_to_rowwise():
     d_vmap, l_vmap = train_clients_vmap(opaque, theta, jobs, 0.3, LocalObjective())
     torch.testing.assert_close(d_vmap, d_loop, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(l_vmap, l_loop, atol=1e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize("model_name, objective", [
-    ("cnn", LocalObjective()), ("mlp", ProximalObjective(mu=0.1)), ("mlp", ModelContrastiveObjective(mu=1.0))])
-def test_step_equals_grad_inside_vmap_bit_for_bit(model_name, objective):
-    """The vmapped loss differentiated once by autograd gives torch.func's per-client grad_and_value
-    exactly (a plain CNN, a correction term, MOON's extra loss with a per-client context)."""
-    torch.manual_seed(0)
-    model = make_model(model_name, (1, 8, 8) if model_name == "cnn" else (64,), 10)
-    theta = flatten_params(model)
-    spec, loss = batched.param_loss(make_loss(model), theta, model)
-    a, B = 6, 5
-    W = theta.repeat(a, 1) + 0.05 * torch.randn(a, theta.numel())
-    params = batched.stacked_views(W, spec)
-    x = torch.randn(a, B, *((1, 8, 8) if model_name == "cnn" else (64,)))
-    y, mask = torch.randint(0, 10, (a, B)), (torch.rand(a, B) > 0.2).float()
-    ctx = theta + 0.05 * torch.randn(a, theta.numel()) if objective.extra_loss is not None else None
-    correct = objective.correction(theta, theta, None) is not None
-    step = batched._client_step(loss, spec, objective, correct, model, ctx is not None)
-    got, value = step(params, x, y, mask, ctx, theta, [name for name, _ in spec])
-
-    full = batched._masked_extra_loss(loss, objective, model) if ctx is not None else \
-        (lambda p, x, y, m, ctx, anchor: loss(p, x, y, m))
-    want, want_value = vmap(grad_and_value(full), in_dims=(0, 0, 0, 0, None if ctx is None else 0, None))(
-        params, x, y, mask, ctx, theta)
-    if correct:
-        corr = batched.stacked_views(vmap(objective.correction, in_dims=(0, None, None))(W, theta, None), spec)
-        want = {name: want[name] + corr[name] for name in want}
-    assert torch.equal(value, want_value)
-    assert all(torch.equal(got[name], want[name]) for name, _ in spec)
 
 
 def test_refuses_objective_that_is_not_vmappable():
