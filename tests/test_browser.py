@@ -147,8 +147,9 @@ def _api(url: str, token: str, method: str, path: str, body: dict | None = None)
 
 def _start_session(url: str, token: str, notebook: str) -> str:
     """The notebook's kernel session, started through the REST API before the page opens: the page then connects
-    to it instead of starting one itself. Left to the page, a Run All that lands while its own start is pending
-    (slow under load) starts more kernels and shows the kernel choice (CI, 2026-12-03: three dialogs, no cell run)."""
+    to it instead of starting one itself. Left to the page, a cell run before it has a kernel makes JupyterLab
+    start one, and while the kernel specs have not arrived (slow under load) it shows the kernel choice instead
+    (CI, 2026-12-03: three dialogs, no cell run; a 15 s delay on /api/kernelspecs reproduces it)."""
     session = _api(url, token, "POST", "/api/sessions",
                    {"path": notebook, "type": "notebook", "name": notebook, "kernel": {"name": "python3"}})
     return session["kernel"]["id"]
