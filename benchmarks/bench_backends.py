@@ -17,8 +17,8 @@
 
 Prints and writes `bench_backends.csv` (one row per backend and workload), `bench_ratios.csv` and
 `bench_backends.png`. Times are the local-training phase of one round (every client of the federation
-takes part), the fastest of three after a first untimed one, as in a running simulation; on a shared machine
-read the ratios, not the seconds.
+takes part), the fastest of three after a first untimed one, as in a running simulation (whose rounds also
+reuse the rows matrix the backend writes, engine/rows.py); on a shared machine read the ratios, not the seconds.
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ from fedlab_nb.engine import server
 from fedlab_nb.engine import batched
 from fedlab_nb.engine.batched import train_clients_vmap
 from fedlab_nb.engine.fused import linear_layers
+from fedlab_nb.engine.rows import RoundRows
 from fedlab_nb.engine.client import make_loss, train_clients_loop
 from fedlab_nb.methods import LocalObjective
 from fedlab_nb.models import flatten_params, make_model
@@ -109,24 +110,33 @@ def timed(fn, device: torch.device, repeats: int = REPEATS):
 
 
 # --- the backends -----------------------------------------------------------------------------------
+def into_reused_rows(kernel):
+    """The kernel writing its rows into one matrix reused from call to call when the last call's result is
+    gone, as `simulate`'s rounds reuse theirs (engine/rows.py) — for every backend alike."""
+    reused = RoundRows()
+
+    def run(loss_fn, theta, jobs, *args, **kwargs):
+        return kernel(loss_fn, theta, jobs, *args, out=reused.take("w", len(jobs), theta), **kwargs)
+    return run
+
+
 def run_loop(loss_fn, theta, jobs, lr, device, max_clients, optimizer=None):
     """The loop backend; past `max_clients` it runs that many and scales the time (its cost is a sum
     over clients, so this is exact up to noise)."""
-    part = jobs[:max_clients]
-    wall, cpu, rss, cuda = timed(lambda: train_clients_loop(loss_fn, theta, part, lr, LocalObjective(),
-                                                            optimizer=optimizer), device)
+    part, loop = jobs[:max_clients], into_reused_rows(train_clients_loop)
+    wall, cpu, rss, cuda = timed(lambda: loop(loss_fn, theta, part, lr, LocalObjective(), optimizer=optimizer), device)
     scale = sum(map(_rows, jobs)) / sum(map(_rows, part))
     return wall * scale, cpu * scale, rss, cuda, len(part) < len(jobs)
 
 
 def run_vmap(loss_fn, theta, jobs, lr, device, optimizer=None):
-    return (*timed(lambda: train_clients_vmap(loss_fn, theta, jobs, lr, LocalObjective(), optimizer=optimizer),
-                   device), False)
+    vmapped = into_reused_rows(train_clients_vmap)
+    return (*timed(lambda: vmapped(loss_fn, theta, jobs, lr, LocalObjective(), optimizer=optimizer), device), False)
 
 
 def run_fused(loss_fn, theta, jobs, lr, device, optimizer=None):
-    return (*timed(lambda: batched.train_clients_fused(loss_fn, theta, jobs, lr, LocalObjective(), optimizer=optimizer),
-                   device), False)
+    fused = into_reused_rows(batched.train_clients_fused)
+    return (*timed(lambda: fused(loss_fn, theta, jobs, lr, LocalObjective(), optimizer=optimizer), device), False)
 
 
 def run_limit(loss_fn, theta, jobs, lr, device, batch):

@@ -28,6 +28,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from ..models import param_spec, unflatten
 from . import fused
+from .rows import rows_out
 
 MEMORY_BUDGET: int | None = None      # bytes for one chunk's working set; None = device default
 CPU_BUDGET = 256 * 2**20
@@ -255,11 +256,12 @@ def _train_chunk(step, spec, theta, jobs, lr, out, where, weights, start=None, o
 # --- the backend --------------------------------------------------------------------------------------
 def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, objective, *,
                        budget: int | None = None, model: nn.Module | None = None, start: torch.Tensor | None = None,
-                       optimizer=None, groups=None, weights: bool = False, fuse: bool = False):
+                       optimizer=None, groups=None, weights: bool = False, fuse: bool = False,
+                       out: torch.Tensor | None = None):
     """Same contract and result as `train_clients_loop`: every job's local training from its start row
     (θ by default), returned as (Δ [m, d], mean local loss [m]) — or (W, losses) with `weights=True` —
     computed in memory-bounded chunks of vmapped clients. `budget`: bytes per chunk (default
-    `memory_budget`); `model`: gives the masked loss directly; `optimizer`, `groups`: as in the loop;
+    `memory_budget`); `model`: gives the masked loss directly; `optimizer`, `groups`, `out`: as in the loop;
     `fuse`: use the fused Linear-chain step (engine/fused.py) where the run qualifies."""
     if not jobs:
         return theta.new_zeros(0, theta.numel()), theta.new_zeros(0)
@@ -288,7 +290,7 @@ def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, obje
     cost = np.array([per_param + 2 * batch * (act + row_bytes) + len(j.y) * row_bytes for j in jobs_sorted])
     chunks = plan_chunks(cost, budget if budget is not None else memory_budget(theta.device))
 
-    out = theta.new_empty(len(jobs), theta.numel())
+    out = rows_out(out, len(jobs), theta)
     losses = theta.new_empty(len(jobs))
     for chunk in chunks:
         where = torch.as_tensor(order[chunk], device=theta.device)

@@ -12,6 +12,7 @@ from torch.func import functional_call, grad_and_value
 from ..core.optim import SGD
 from ..core.round import LocalJob, batch_schedule  # noqa: F401  (re-exported: the engine's public names)
 from ..models import buffer_spec, param_spec, unflatten, unflatten_buffers
+from .rows import rows_out
 
 
 def make_loss(model: torch.nn.Module, criterion=None):
@@ -49,20 +50,22 @@ def _opt_state(optimizer, like: torch.Tensor) -> dict:
 
 def train_clients_loop(loss_fn, theta: torch.Tensor, jobs: list[LocalJob], lr: float, objective, *,
                        start: torch.Tensor | None = None, optimizer=None, groups=None, weights: bool = False,
-                       buffers: torch.Tensor | None = None):
+                       buffers: torch.Tensor | None = None, out: torch.Tensor | None = None):
     """Run every job's local training from its start row (θ for every client by default), anchored at θ.
 
     Returns (Δ = W − θ [m, d], mean local loss [m]), or (W [m, d], losses) with `weights=True`.
     `optimizer`: a `core.optim` SGD / Adam (default plain SGD at `lr`); `groups`: resolved parameter groups
     (only their trained tensors move); `buffers`: [m, b] each client's flat model buffers (BatchNorm running
-    statistics, `models.flatten_buffers`), updated in place by its training (needed for models with buffers)."""
+    statistics, `models.flatten_buffers`), updated in place by its training (needed for models with buffers);
+    `out`: an [m, d] matrix of θ's dtype and device to write the rows into (e.g. last round's, `rows.RoundRows`)
+    instead of a fresh one."""
     optimizer = optimizer or SGD()
     step_lr = optimizer.lr or lr
     segments = None if groups is None or len(groups.trained) == len(groups.spec) else groups.segments("trained")
     plain = optimizer.plain and segments is None
     extra = getattr(objective, "extra_loss", None) is not None
     grad_fn = grad_and_value(with_extra_loss(loss_fn, objective, theta) if extra else loss_fn)
-    out, losses = [], []
+    trained, losses = [], []
     for i, job in enumerate(jobs):
         w = (theta if start is None else start[i]).clone()
         state, total = _opt_state(optimizer, w), theta.new_zeros(())
@@ -81,11 +84,11 @@ def train_clients_loop(loss_fn, theta: torch.Tensor, jobs: list[LocalJob], lr: f
             total += loss.detach()
         if bufs:  # the client's updated running statistics back into its row
             buffers[i] = torch.cat([v.reshape(-1).to(buffers.dtype) for v in bufs["buffers"].values()])
-        out.append(w if weights else w - theta)
+        trained.append(w if weights else w - theta)
         losses.append(total / max(len(job.batches), 1))
     if not jobs:
         return theta.new_zeros(0, theta.numel()), theta.new_zeros(0)
-    return torch.stack(out), torch.stack(losses)
+    return torch.stack(trained, out=rows_out(out, len(jobs), theta)), torch.stack(losses)
 
 
 def _optimizer_step(optimizer, w, u, state, t, lr, segments):

@@ -30,6 +30,7 @@ from ..utils import rng
 from .client import make_loss
 from .evaluate import Evaluator
 from .history import History
+from .rows import RoundRows
 from .sampling import make_sampler
 from .server import RunConfig, _local_jobs, build_model, pick_backend, server_update
 
@@ -75,12 +76,12 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
     states = [method.init_state(t, f.num_clients) for t, f in zip(thetas, feds)]
     samplers = [make_sampler(clients_per_round, f.num_clients) for f in feds]
     evaluators = [Evaluator(m, f, None) for m, f in zip(models, feds)]
-    rows = [[] for _ in seeds]
+    rows, reused = [[] for _ in seeds], RoundRows()
     t0 = time.perf_counter()
     for r in range(rounds):
         ids = [smp(r, f.num_clients, rng(s, SAMPLE, r)) for smp, f, s in zip(samplers, feds, seeds)]
         jobs = [_local_jobs(f, i, c, r, None) if len(i) else [] for f, i, c in zip(feds, ids, cfgs)]
-        W = _train_together(train, loss_fn, method, thetas, jobs, lr, groups)
+        W = _train_together(train, loss_fn, method, thetas, jobs, lr, groups, reused)
         for i in range(len(seeds)):
             row = {"round": r + 1, "n_sampled": int(len(ids[i])), "train_loss": float("nan"), "bytes_up": 0,
                    "bytes_down": 0}
@@ -95,14 +96,15 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
             in zip(feds, cfgs, rows, thetas, models)]
 
 
-def _train_together(train, loss_fn, method, thetas, jobs, lr, groups):
-    """Every run's jobs in one kernel call, each from its own θ; returns the trained rows per run."""
+def _train_together(train, loss_fn, method, thetas, jobs, lr, groups, reused: RoundRows):
+    """Every run's jobs in one kernel call, each from its own θ, into `reused`'s rows matrix; returns the trained
+    rows per run."""
     flat = [j for js in jobs for j in js]
     if not flat:
         return [None] * len(jobs)
     start = torch.cat([t.repeat(len(js), 1) for t, js in zip(thetas, jobs)])
     W, losses = train(loss_fn, thetas[0], flat, lr, method.objective, start=start, optimizer=method.optimizer,
-                      groups=groups, weights=True)
+                      groups=groups, weights=True, out=reused.take("w", len(flat), thetas[0]))
     out, i = [], 0
     for js in jobs:
         out.append((W[i:i + len(js)], losses[i:i + len(js)]))

@@ -27,6 +27,7 @@ from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
 from .history import History
 from .sampling import make_sampler
+from .rows import RoundRows
 from .store import ClientStore
 
 
@@ -144,6 +145,7 @@ class RoundSetup:
     loss_fn: Callable
     groups: object          # core.groups.ResolvedGroups
     train: Callable         # the kernel: train_clients_loop, train_clients_vmap or train_clients_fused
+    rows: RoundRows = field(default_factory=RoundRows)  # each track's rows matrix, reused across rounds
 
 
 def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
@@ -164,7 +166,8 @@ def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
         jobs = _local_jobs(s.fed, ids, s.cfg, r, ctx, track.steps, t, getattr(track, "epochs", None))
         W0 = cu.start(track, theta, down, cstate, done, groups, m)
         done[track.name], l = s.train(s.loss_fn, theta, jobs, s.cfg.lr, track.objective, start=W0,
-                                      optimizer=track.optimizer, groups=groups, weights=True, **bufs)
+                                      optimizer=track.optimizer, groups=groups, weights=True,
+                                      out=s.rows.take(track.name, m, theta), **bufs)
         if first is None:
             losses, first = l, jobs
     if bufs and "buffers" not in cstate:  # global running statistics: the size-weighted mean of the clients'
