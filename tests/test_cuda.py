@@ -46,32 +46,30 @@ def digits():
     return fl.federate("digits", "dirichlet", n_clients=8, alpha=0.5, seed=0, min_size=20)
 
 
-def on_both(method: str, **kw):
-    cpu = fl.simulate(METHODS[method](), digits(), device="cpu", **kw)
+def assert_close_on_both(method: str, **kw):
+    """The run on the CPU and on DEVICE, each from a fresh federation, are the same to float32 precision."""
+    fed = digits()
+    cpu = fl.simulate(METHODS[method](), fed, device="cpu", **kw)
     dev = fl.simulate(METHODS[method](), digits(), device=DEVICE, **kw)
-    return cpu, dev
-
-
-def assert_close_runs(cpu, dev, n_test: int):
+    n_test = len(fed.y_test)
     assert dev.meta["backend_used"] == cpu.meta["backend_used"]
     torch.testing.assert_close(dev.theta.cpu(), cpu.theta, atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(dev["test_loss"].to_numpy(float), cpu["test_loss"].to_numpy(float), atol=1e-4)
     # one test image whose top two logits tie to float32 precision may flip: at most one per round
     np.testing.assert_allclose(dev["test_acc"].to_numpy(float), cpu["test_acc"].to_numpy(float), atol=1.01 / n_test)
+    return dev
 
 
 @pytest.mark.parametrize("backend", ["loop", "vmap", "auto"])
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_mlp_rounds_on_the_device_equal_the_cpu(method, backend):
-    cpu, dev = on_both(method, model="mlp", model_kwargs={"hidden": (16,)}, backend=backend, **KW)
+    dev = assert_close_on_both(method, model="mlp", model_kwargs={"hidden": (16,)}, backend=backend, **KW)
     assert backend != "auto" or dev.meta["backend_used"] == "fused"   # the MLP qualifies for the fused step
-    assert_close_runs(cpu, dev, len(digits().y_test))
 
 
 @pytest.mark.parametrize("backend", ["loop", "vmap"])
 def test_cnn_rounds_on_the_device_equal_the_cpu(backend):
-    cpu, dev = on_both("fedavg", model="cnn", backend=backend, **KW)
-    assert_close_runs(cpu, dev, len(digits().y_test))
+    assert_close_on_both("fedavg", model="cnn", backend=backend, **KW)
 
 
 def test_checkpoint_taken_on_the_device_resumes_there(tmp_path):
