@@ -206,6 +206,24 @@ def test_bench_round_small_rounds():
     assert got["rounds"] == 3 and got["dataset"] == "digits" and got["seconds_per_round"] > 0
 
 
+def test_bench_products_times_every_product_of_the_fused_step():
+    """bench_products.py finds the forward, delta and update products of each Linear layer in a fused round,
+    with as many calls per round as the round has steps, and their time within the round's."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_products.py"
+    spec = importlib.util.spec_from_file_location("bench_products", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    got = bench.main(["--dataset", "digits", "--clients", "4", "--hidden", "16", "--rounds", "2", "--rows", "10"])
+    rows = {(r["kind"], r["layer"]): r for r in got["products"]}
+    # digits: 64 features, 10 classes; δ is not propagated below the first layer
+    assert set(rows) == {("forward", "16x64"), ("update", "16x64"), ("forward", "10x16"), ("update", "10x16"),
+                         ("delta", "10x16")}
+    assert len({r["calls"] for r in rows.values()}) == 1 and got["products_s"] < got["fused_s"]
+    assert all(r["gflops"] > 0 for r in rows.values()) and got["forward_rate_by_rows"][10] > 0
+
+
 def test_roofline_flops_per_row_is_the_matmul_count():
     """Forward 2·W, weight gradients 2·W, input gradients 2·W of every layer but the first (x needs none)."""
     import fedlab_nb as fl
