@@ -4,8 +4,8 @@ kernel gets on the first layer's product as the rows per client grow.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_products.py [--dataset mnist5k --clients 100 --hidden 200,200]
 
-The products' time is their self time under torch.profiler (a few µs of dispatch each, not the profiler's
-bookkeeping around the other ops). If the products alone take longer than a target allows, no change outside
+The products' time is their self time under torch.profiler (wall time, which equals CPU time on a quiet machine;
+it includes each product's few µs of dispatch, not the profiler's bookkeeping around the other ops). If the products alone take longer than a target allows, no change outside
 them (data movement, dispatch, the Δ write) can meet it: the kernels themselves have to get faster.
 Prints a table per product shape and one JSON line."""
 from __future__ import annotations
@@ -77,6 +77,18 @@ def kernel_rate(rows: int, fan_in: int, fan_out: int, clients: int = 10, reps: i
     return 2.0 * clients * rows * fan_in * fan_out / best / 1e9
 
 
+def workload(args):
+    """bench_backends' workload: every client of a Dirichlet(0.5) federation takes one local epoch of FedAvg."""
+    fed = fl.federate(args.dataset, "dirichlet", n_clients=args.clients, alpha=0.5, seed=0, test_fraction=0.0,
+                      min_size=2)
+    torch.manual_seed(0)
+    hidden = tuple(int(h) for h in args.hidden.split(","))
+    model = make_model("mlp", fed.input_shape, fed.num_classes, hidden=hidden)
+    cfg = server.RunConfig(batch_size=args.batch, lr=args.lr, local_epochs=1)
+    jobs = server._local_jobs(fed, np.arange(fed.num_clients), cfg, 0, None)
+    return fed, hidden, flatten_params(model), make_loss(model), jobs
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="mnist5k")
@@ -90,15 +102,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     device = torch.device("cpu")
-    fed = fl.federate(args.dataset, "dirichlet", n_clients=args.clients, alpha=0.5, seed=0, test_fraction=0.0,
-                      min_size=2)
-    torch.manual_seed(0)
-    hidden = tuple(int(h) for h in args.hidden.split(","))
-    model = make_model("mlp", fed.input_shape, fed.num_classes, hidden=hidden)
-    theta, loss_fn = flatten_params(model), make_loss(model)
-    cfg = server.RunConfig(batch_size=args.batch, lr=args.lr, local_epochs=1)
-    jobs = server._local_jobs(fed, np.arange(fed.num_clients), cfg, 0, None)
-
+    fed, hidden, theta, loss_fn, jobs = workload(args)
     loop_s = bench.run_loop(loss_fn, theta, jobs, args.lr, device, args.max_loop_clients)[1]
     fused_s = bench.run_fused(loss_fn, theta, jobs, args.lr, device)[1]
     floor = bench.roofline_floor(loss_fn, theta, jobs, args.batch, device)
