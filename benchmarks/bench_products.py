@@ -5,9 +5,10 @@ kernel gets on the first layer's product as the rows per client grow.
     OMP_NUM_THREADS=1 python benchmarks/bench_products.py [--dataset mnist5k --clients 100 --hidden 200,200]
 
 The products' time is their self time under torch.profiler (wall time, which equals CPU time on a quiet machine;
-it includes each product's few µs of dispatch, not the profiler's bookkeeping around the other ops). If the products alone take longer than a target allows, no change outside
-them (data movement, dispatch, the Δ write) can meet it: the kernels themselves have to get faster.
-Prints a table per product shape and one JSON line."""
+it includes each product's few µs of dispatch, not the profiler's bookkeeping around the other ops). If the
+products alone take longer than a target allows, no change outside them (data movement, dispatch, the Δ write)
+can meet it: the kernels themselves have to get faster. Prints a table per product kind and layer, and one JSON
+line."""
 from __future__ import annotations
 
 import argparse

@@ -171,12 +171,12 @@ def test_activation_estimate_measured_once_per_model_and_shape(monkeypatch):
     assert len(calls) == 3
 
 
-def _bench():
-    """benchmarks/bench_backends.py as a module (it is a script, not part of the package)."""
+def _bench(name: str = "bench_backends"):
+    """benchmarks/<name>.py as a module (a script, not part of the package)."""
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_backends.py"
-    spec = importlib.util.spec_from_file_location("bench_backends", path)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
@@ -209,13 +209,8 @@ def test_bench_round_small_rounds():
 def test_bench_products_times_every_product_of_the_fused_step():
     """bench_products.py finds the forward, delta and update products of each Linear layer in a fused round,
     with as many calls per round as the round has steps, and their time within the round's."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_products.py"
-    spec = importlib.util.spec_from_file_location("bench_products", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    got = bench.main(["--dataset", "digits", "--clients", "4", "--hidden", "16", "--rounds", "2", "--rows", "10"])
+    args = ["--dataset", "digits", "--clients", "4", "--hidden", "16", "--rounds", "2", "--rows", "10"]
+    got = _bench("bench_products").main(args)
     rows = {(r["kind"], r["layer"]): r for r in got["products"]}
     # digits: 64 features, 10 classes; δ is not propagated below the first layer
     assert set(rows) == {("forward", "16x64"), ("update", "16x64"), ("forward", "10x16"), ("update", "10x16"),
