@@ -41,7 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     def command(name, help):
         return sub.add_parser(name, help=help, parents=[where])
 
-    command("list", "papers, their claims and the last verdicts")
+    ls = command("list", "one line per paper: its headline verdict, supporting claims and checks beside it")
+    ls.add_argument("--claims", action="store_true", help="also every claim (headline, supporting, check) and "
+                    "reported number, with the paper's number and setting under each headline claim")
+    ls.add_argument("--role", choices=[*C.ROLES, "reported"], help="only claims of this role (implies --claims)")
+    ls.add_argument("--verdict", help="only papers whose headline verdict contains this, e.g. 'not reproduced'")
+    ls.add_argument("--chapter", help="only papers of the course lesson whose key or title contains this")
     run = command("run", "execute one paper's notebook with papermill")
     run.add_argument("paper")
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
@@ -108,6 +113,64 @@ def _implemented_by(paper_id: str) -> str:
     return ", ".join(f"{e.module.replace('.', '/')}.py ({e.key})" for e in entries) or "no registered method"
 
 
+def _last_results(results: Path, pid: str) -> dict:
+    """{scale: result} of one paper's result files; a corrupt one is a stale placeholder (with a warning)."""
+    last = {}
+    for path, _, scale in result_files(results, pid):
+        data, problem = read_result(path)
+        if problem:  # a corrupt result is stale, not fatal
+            print(f"warning: {path} {problem}; treated as stale "
+                  f"(fedlab-nb reproduce {pid} --scale {scale} replaces it)", file=sys.stderr)
+            last[scale] = {"verdict": "stale (corrupt result file)", "claims": []}
+        elif data["paper"] == pid:
+            last[data["scale"]] = data
+    return last
+
+
+def _paper_line(paper, last: dict) -> str:
+    """One line per paper: the headline verdict (stored; constructs say so), what stands beside it, the last runs."""
+    from fedlab_nb.repro.report import beside
+    rows = [{"role": c.role, "verdict": c.verdict} for c in paper.claims]
+    stored = {"verdict": C.headline_verdict(rows), "implementation": paper.implementation, "claims": rows,
+              "report": list(paper.report)}
+    runs = "; ".join(f"{s}: {r['verdict']}" for s, r in last.items()) or "not run yet"
+    label = f"{C.CONSTRUCT}: {stored['verdict']}" if paper.is_construct else stored["verdict"]
+    return f"{paper.id} — {paper.method}: {label} ({beside(stored)}; last: {runs})"
+
+
+def _claim_line(claim, last: dict) -> str:
+    seen = ", ".join(f"{s}: {r['verdict']}" + (f" [{summary_text(r.get('interval'))}]" if r.get("interval") else "")
+                     for s, r in last.items() for r in r["claims"] if r["id"] == claim.id)
+    seeds = f", {claim.seeds} seeds" if claim.seeds is not None else ""
+    also = "".join(f" (also seen: {v})" for v in claim.also_seen or {})
+    return (f"  {claim.role} {claim.id} ({claim.metric} {claim.expect.text}{seeds}): stored {claim.verdict}{also}"
+            + (f"; last {seen}" if seen else ""))
+
+
+def _headline_detail(claim) -> list[str]:
+    """The paper's number and the two settings under a headline claim's line."""
+    number = claim.paper_value if claim.paper_value is not None else f"none ({claim.paper_note})"
+    lines = [f"      paper's number: {number}"]
+    if claim.setting:
+        lines.append(f"      setting: paper {claim.setting['paper']} / ours {claim.setting['ours']}")
+    return lines
+
+
+def _wanted(paper, args) -> bool:
+    """The paper passes --verdict (its stored headline verdict) and --chapter (the lesson's key or title)."""
+    if args.verdict and args.verdict.lower() not in C.headline_verdict(
+            [{"role": c.role, "verdict": c.verdict} for c in paper.claims]):
+        return False
+    if args.chapter:
+        from fedlab_nb.repro.course import CourseError, lesson_of
+        try:
+            lesson = lesson_of(paper.id)
+        except CourseError:
+            return False
+        return args.chapter.lower() in f"{lesson.key} {lesson.title}".lower()
+    return True
+
+
 def cmd_list(args) -> int:
     root, status = _root(args), 0
     ids = C.paper_ids(root)
@@ -121,27 +184,22 @@ def cmd_list(args) -> int:
             print(f"{pid}: INVALID: {e}", file=sys.stderr)
             status = 1
             continue
-        last = {}
-        for path, _, scale in result_files(results, pid):
-            data, problem = read_result(path)
-            if problem:  # a corrupt result is stale, not fatal
-                print(f"warning: {path} {problem}; treated as stale "
-                      f"(fedlab-nb reproduce {pid} --scale {scale} replaces it)", file=sys.stderr)
-                last[scale] = {"verdict": "stale (corrupt result file)", "claims": []}
-            elif data["paper"] == pid:
-                last[data["scale"]] = data
-        runs = "; ".join(f"{s}: {r['verdict']}" for s, r in last.items()) or "not run yet"
-        print(f"{pid} — {paper.method} ({len(paper.claims)} claims; last: {runs})")
-        print(f"  notebook {paper.notebook}; library: {_implemented_by(pid)}")
-        for claim in paper.claims:
-            seen = ", ".join(f"{s}: {r['verdict']}" + (f" [{summary_text(r.get('interval'))}]" if r.get("interval") else "")
-                             for s, r in last.items() for r in r["claims"] if r["id"] == claim.id)
-            seeds = f", {claim.seeds} seeds" if claim.seeds is not None else ""
-            also = "".join(f" (also seen: {v})" for v in claim.also_seen or {})
-            print(f"  {claim.id} ({claim.metric} {claim.expect.text}{seeds}): stored {claim.verdict}{also}"
-                  + (f"; last {seen}" if seen else ""))
+        if not _wanted(paper, args):
+            continue
+        last = _last_results(results, pid)
+        print(_paper_line(paper, last))
+        if not (args.claims or args.role):
+            continue
+        print(f"  notebook {paper.notebook}; implementation: {paper.implementation}; library: {_implemented_by(pid)}")
+        for claim in sorted(paper.claims, key=lambda c: C.ROLES.index(c.role)):
+            if args.role in (None, claim.role):
+                print(_claim_line(claim, last))
+                if claim.role == C.HEADLINE:
+                    print("\n".join(_headline_detail(claim)))
+        for row in paper.report if args.role in (None, "reported") else ():
+            print(f"  reported {row.id} ({row.metric}): {row.text}")
     free = sorted(f"{e.key} ({e.module.replace('.', '/')}.py)" for e in _registry().values() if not e.claims)
-    if free:
+    if free and not (args.verdict or args.chapter):
         print("registered methods without a claims file yet: " + ", ".join(free))
     return status
 

@@ -295,7 +295,8 @@ def test_board_opens_in_the_browser(tmp_path):
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto((results / "index.html").as_uri())
         body = page.inner_text("body")
-        assert "1 results: 1 partially reproduced" in body and page.locator("table.summary").count() == 1
+        assert "1 papers, by headline verdict: 1 partially reproduced" in body
+        assert page.locator("table.summary").count() == 1 and page.locator("table.papers tr").count() == 2
         assert page.locator("section.paper").count() == 1 and "value_large" in body
         page.click("label[for='f0']")  # the filter: only papers with the first verdict present stay visible
         assert page.locator("section.paper").first.is_visible()

@@ -43,11 +43,22 @@ def repo(tmp_path):
 def test_list_shows_papers_and_claims(repo, capsys):
     _, args, _ = repo
     assert main(args + ["list"]) == 0
+    short = capsys.readouterr().out
+    assert "tiny — Tiny — harness fixture: partially reproduced (supporting 0/1 reproduced; checks 1/1 hold; " \
+           "last: not run yet)" in short
+    assert "value_large" not in short  # one line per paper by default
+    assert main(args + ["list", "--claims"]) == 0
     out = capsys.readouterr().out
-    assert "tiny — Tiny — harness fixture (4 claims; last: not run yet)" in out
-    assert "  value_large (value > 0.9): stored partially reproduced" in out
-    assert main(["list", *args]) == 0  # --root / --results also accepted after the command
+    assert "  headline value_large (value > 0.9): stored partially reproduced" in out
+    assert "      paper's number: 1.0 (Eq. 2)\n      setting: paper the value 1 / ours the value 0.5" in out
+    assert out.index("headline value_large") < out.index("supporting value_huge") < out.index("check double_is")
+    assert main(["list", "--claims", *args]) == 0  # --root / --results also accepted after the command
     assert capsys.readouterr().out == out
+    assert main(args + ["list", "--role", "check"]) == 0
+    checks = capsys.readouterr().out
+    assert "check double_is_twice" in checks and "value_large" not in checks
+    assert main(args + ["list", "--verdict", "not reproduced"]) == 0
+    assert "tiny" not in capsys.readouterr().out  # its headline verdict is partially reproduced
 
 
 def test_list_reports_invalid_claims_file(repo, capsys):
@@ -104,14 +115,17 @@ def test_reproduce_all_report_and_list(repo, capsys):
 
     assert main(args + ["report"]) == 0
     printed = capsys.readouterr().out
-    assert "2 results: " in printed and "1 partially reproduced" in printed and "index.html" in printed
+    assert "2 papers, by headline verdict: " in printed and "1 partially reproduced" in printed
+    assert "index.html" in printed
     out = (results / "REPORT.md").read_text()  # the terminal gets the summary, the file the whole table
-    assert "| Paper | Scale | Claim | Paper's number | Ours | Expectation | Verdict |" in out
-    assert "| tiny | smoke | value_positive | — | 0.5 | > 0 | reproduced |" in out
+    assert "| Paper | Scale | Role | Claim | Paper's number | Ours | Expectation | Verdict |" in out
+    assert "| tiny | smoke | headline | value_positive | none: a fixture: there is no paper | 0.5 | > 0 | reproduced |" \
+        in out
     assert (results / "index.html").is_file() and (results / "REPORT.md").is_file()
 
     assert main(args + ["list"]) == 0
-    assert "tiny — Tiny — harness fixture (4 claims; last: smoke: partially reproduced)" in capsys.readouterr().out
+    assert "tiny — Tiny — harness fixture: partially reproduced (supporting 0/1 reproduced; checks 1/1 hold; " \
+           "last: smoke: partially reproduced)" in capsys.readouterr().out
 
 
 @pytest.mark.notebook

@@ -156,8 +156,8 @@ def test_report_shows_a_corrupt_result_as_a_stale_row(tmp_path):
     (results / "tiny-smoke.json").write_text('{"paper": "tiny", "claims": [')  # cut off mid-write
     (results / "other-smoke.json").write_text("[1, 2]")
     text = build_report(results)
-    assert "| tiny | smoke | — | — | — | — | stale: corrupt result file |" in text
-    assert "| other | smoke | — | — | — | — | stale: corrupt result file |" in text
+    assert "| tiny | smoke | — | — | — | — | — | stale: corrupt result file |" in text
+    assert "| other | smoke | — | — | — | — | — | stale: corrupt result file |" in text
     assert "tiny-smoke.json is not valid JSON" in text
     page = (results / "index.html").read_text()
     assert "tiny (smoke) — " in page and "stale: corrupt result file" in page

@@ -270,8 +270,12 @@ def test_reproduce_and_report_end_to_end(tmp_path):
     assert (out / "tiny-smoke.ipynb").is_file() and result["figures"] == ["tiny-smoke/main.png"]
 
     text = build_report(out)
-    assert "| tiny | smoke | value_large | 1.0 | 0.5 | > 0.9 (partial: between 0.25 and 0.9) | " \
+    assert "| tiny | smoke | headline | value_large | 1.0 (Eq. 2) | 0.5 | > 0.9 (partial: between 0.25 and 0.9) | " \
            "partially reproduced |" in text
+    # the first table: one row per paper, the headline verdict with the checks and supporting claims beside it
+    assert "| tiny | smoke | value_positive: the recorded value is positive (reproduced) · value_large: the value " \
+           "is large (partially reproduced) | none: a fixture: there is no paper · 1.0 (Eq. 2) | 0.5 · 0.5 | " in text
+    assert "| paper | partially reproduced (supporting 0/1 reproduced; checks 1/1 hold) |" in text
     page = (out / "index.html").read_text()
     assert "data:image/png;base64," in page and "partially reproduced" in page
     assert (out / "REPORT.md").read_text() == text
@@ -352,7 +356,7 @@ def test_parameter_validation(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- also_seen
 def _seeded(data, i=1, **extra):
-    data["claims"][i].update(seeds=5, **extra)
+    data["claims"][i].update(seeds=5, role="supporting", **extra)  # a seeded claim is not a check
     return data
 
 

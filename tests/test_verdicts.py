@@ -191,7 +191,7 @@ def test_seed_fields_are_validated(tmp_path, fields, field, expected):
 
 def test_seed_fields_load(tmp_path):
     data = _seeded_file(seeds=6, confidence=0.95)
-    data["claims"][1]["seeds"] = 5
+    data["claims"][1].update(seeds=5, role="supporting")  # a seeded claim is not a check
     data["claims"][3]["verdict"] = C.INCONCLUSIVE  # the new verdict may be stored (its note is required)
     paper = C.load_claims(write_claims(tmp_path, data))
     assert (paper.claims[0].seeds, paper.claims[0].confidence) == (6, 0.95)
@@ -250,7 +250,7 @@ def test_board_shows_mean_interval_and_n(tmp_path):
     assert V.summary_text(summary) == "0.604 ± 0.0078 (n=5, 90% one-sided)"
     row = {"id": "c", "expect": "> 0.6", "verdict": verdict, "ours": BASE, "interval": summary}
     text, page = _board(tmp_path, row)
-    assert "| p | smoke | c | — | 0.604 ± 0.0078 (n=5, 90% one-sided) | > 0.6 | inconclusive at this scale |" in text
+    assert "| p | smoke | — | c | — | 0.604 ± 0.0078 (n=5, 90% one-sided) | > 0.6 | inconclusive at this scale |" in text
     assert "0.604 ± 0.0078 (n=5, 90% one-sided)" in page and "inconclusive at this scale" in page
     assert COLOURS[C.INCONCLUSIVE] in page
     _, _, paired = C.judge_detail(seeded("> b"), {"acc": BASE, "b": [0.58] * 5})
@@ -276,7 +276,7 @@ def test_list_shows_interval(tmp_path, capsys):
                           "interval": summary}]}
     (root / "results").mkdir()
     (root / "results" / "tiny-smoke.json").write_text(json.dumps(result))
-    assert cli.main(["list", "--root", str(root)]) == 0
+    assert cli.main(["list", "--claims", "--root", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "value_positive (value > 0, 5 seeds): stored reproduced; last smoke: reproduced " \
+    assert "headline value_positive (value > 0, 5 seeds): stored reproduced; last smoke: reproduced " \
            "[0.604 ± 0.0078 (n=5, 90% one-sided)]" in out

@@ -8,6 +8,7 @@ per-seed values instead (verdicts.py): reproduced / not reproduced / inconclusiv
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -15,12 +16,21 @@ from pathlib import Path
 
 import yaml
 
-from .expect import Expectation, ExpectationError, MetricError, metric_value, parse_expectation
+from .expect import Expectation, ExpectationError, MetricError, covers, metric_value, parse_expectation
 from .recording import recorded
 from .verdicts import (DEFAULT_CONFIDENCE, ERROR, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, PARTIAL, REPRODUCED,
                        judge_seeded)
 
 STORED_VERDICTS = (REPRODUCED, PARTIAL, NOT_REPRODUCED, INCONCLUSIVE)
+HEADLINE, SUPPORTING, CHECK = "headline", "supporting", "check"
+ROLES = (HEADLINE, SUPPORTING, CHECK)
+CONSTRUCT = "construct"
+IMPLEMENTATIONS = ("paper", "official-code", CONSTRUCT)
+# a metric named with one of these words (between underscores) is bounded, and must declare its `range`
+BOUNDED_WORDS = frozenset("acc accuracy auroc auc cos cosine corr correlation spearman pearson kendall prob "
+                          "probability frac fraction".split())
+MAX_HEADLINES = 3  # a paper's abstract makes one to three claims; more would dilute its verdict
+MAX_CLAIMS_BYTES = 1_000_000  # a claims file is a page of text; a larger one is refused before parsing
 
 ROOT_ENV = "FEDLAB_NB_ROOT"
 _PAPER_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # ASCII only, unlike \w
@@ -60,11 +70,26 @@ class Claim:
     seeds: int | None = None                # judged on this many per-seed values (verdicts.py)
     confidence: float = DEFAULT_CONFIDENCE  # of the one-sided bounds, for seeded claims
     also_seen: dict | None = None           # {verdict: where}: an adjacent verdict seen on another platform/seed set
+    role: str = SUPPORTING                  # headline | supporting | check (papers/SCHEMA.md, "Version 3")
+    range: tuple | None = None              # (lo, hi): every value the metric can take, for bounded metrics
+    paper_note: str | None = None           # why the paper's number is absent, or why only the sign is tested
+    setting: dict | None = None             # headline claims: {paper: ..., ours: ...}
 
     @property
     def accepted(self) -> tuple[str, ...]:
         """The stored verdict, then those also seen: the verdicts a run of this claim may give."""
         return (self.verdict, *(self.also_seen or {}))
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """A number shown without a verdict (`report:` in a claims file): it cannot fail, so it is not a claim."""
+
+    id: str
+    text: str
+    metric: str
+    note: str | None = None
+    range: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -80,10 +105,21 @@ class Paper:
     path: Path              # the claims file
     requires: tuple = ()    # optional modules the notebook needs (e.g. flwr from an extra)
     figure_tolerance: dict | None = None  # {rtol, atol} for figure data without a seed spread (figures.py)
+    implementation: str = "paper"   # paper | official-code | construct: what the notebook implements
+    sources: tuple = ()             # what was read (paper text, official code, summaries) and what was not
+    report: tuple = ()              # ReportRow: numbers shown without a verdict
 
     @property
     def root(self) -> Path:
         return self.path.parent.parent
+
+    @property
+    def headlines(self) -> tuple:
+        return tuple(c for c in self.claims if c.role == HEADLINE)
+
+    @property
+    def is_construct(self) -> bool:
+        return self.implementation == CONSTRUCT
 
 
 # ---------------------------------------------------------------------------------------------- paths
@@ -132,13 +168,15 @@ def find_claims_file(paper_id: str) -> Path:
 
 # ---------------------------------------------------------------------------------------------- validation
 # the known fields of each mapping, in the order the schema lists them
-_TOP = ("id", "method", "paper", "seed_quote", "code", "notebook", "scales", "claims", "note", "requires",
-        "figure_tolerance")
+_TOP = ("id", "method", "paper", "seed_quote", "code", "implementation", "sources", "notebook", "scales", "claims",
+        "report", "note", "requires", "figure_tolerance")
 _TOLERANCE = ("rtol", "atol")
 _PAPER = ("title", "authors", "venue", "year", "url")
 _SCALE = ("device", "seconds", "parameters", "note")
-_CLAIM = ("id", "text", "metric", "expect", "partial", "paper_value", "verdict", "note", "seeds", "confidence",
-          "also_seen")
+_CLAIM = ("id", "role", "text", "metric", "range", "expect", "partial", "paper_value", "paper_note", "setting",
+          "verdict", "note", "seeds", "confidence", "also_seen")
+_REPORT = ("id", "text", "metric", "range", "note", "paper_value", "seeds")
+_SETTING = ("paper", "ours")
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 
 
@@ -224,6 +262,102 @@ def _also_seen(c: _Checker, entry: dict, where: str, verdict: str, seeds: int | 
     return dict(raw)
 
 
+def _range(c: _Checker, entry: dict, where: str, metric: str) -> tuple | None:
+    """`range: [lo, hi]`, finite, lo < hi; required when the metric's name says it is bounded (BOUNDED_WORDS)."""
+    raw = entry.get("range")
+    if raw is None:
+        words = set(metric.lower().split("_")) & BOUNDED_WORDS
+        if words:
+            c.fail(f"{where}.range", f"is missing for metric {metric!r} (the word {sorted(words)[0]!r} says it is "
+                   "bounded)", "the metric's whole range, e.g. 'range: [0, 1]' for an accuracy, '[-1, 1]' for a "
+                   "difference of accuracies or a correlation")
+        return None
+    ends = raw if isinstance(raw, list) and len(raw) == 2 else [None, None]
+    ok = isinstance(raw, list) and len(raw) == 2 and raw != [None, None] and all(
+        v is None or isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in raw)
+    low, high = (-math.inf if ends[0] is None else ends[0]), (math.inf if ends[1] is None else ends[1])
+    if not ok or low >= high:
+        c.fail(f"{where}.range", f"is {raw!r}", "[lo, hi]: two finite numbers with lo < hi, e.g. [0, 1], or null for "
+               "an open end, e.g. [0, null] for a ratio")
+    return float(low), float(high)
+
+
+def _can_fail(c: _Checker, expectation: Expectation | None, where: str, span: tuple | None) -> None:
+    """Refuse an expectation that holds on the metric's whole range: it cannot fail, so it is not a claim."""
+    if expectation is not None and span is not None and covers(expectation, *span):
+        c.fail(where, f"is {expectation.text!r}, which holds for every value of the metric's range "
+               f"[{span[0]:g}, {span[1]:g}] (it cannot fail)", "a bound that some value of the range fails, or the "
+               "number moved to the file's 'report:' list (shown without a verdict)")
+
+
+def _role_fields(c: _Checker, entry: dict, where: str, seeds: int | None) -> tuple[str, str | None, dict | None]:
+    """(role, paper_note, setting): a check is single-run; a headline carries the paper's number and setting."""
+    role = c.value(entry, "role", f"{where}.role", (str,), " | ".join(ROLES))
+    if role is None:
+        c.fail(f"{where}.role", "is missing", f"one of {' | '.join(ROLES)}: headline for what the paper's abstract "
+               "or introduction claims, check for an identity or exact special case, else supporting")
+    if role not in ROLES:
+        c.fail(f"{where}.role", f"is {role!r}", f"one of {' | '.join(ROLES)} (papers/SCHEMA.md, 'Roles')")
+    if role == CHECK and seeds is not None:
+        c.fail(f"{where}.seeds", f"is set on a check (seeds: {seeds})", "no seeds: a check is an exact, single-run "
+               "test of our code; a claim judged over seeds is 'role: supporting' or 'role: headline'")
+    paper_note = c.value(entry, "paper_note", f"{where}.paper_note", (str,), "a string", optional=True)
+    setting = entry.get("setting")
+    if role != HEADLINE:
+        if setting is not None:
+            c.mapping(setting, f"{where}.setting", _SETTING)
+        return role, paper_note, setting
+    if "paper_value" not in entry:
+        c.fail(f"{where}.paper_value", "is missing on a headline claim", "the paper's number with its location, "
+               "e.g. '0.843 (Table 2, FedProx mu=1, Synthetic(1,1))', or null with paper_note saying why")
+    value = entry["paper_value"]
+    if value is None and not (paper_note or "").strip():
+        c.fail(f"{where}.paper_note", "is missing beside 'paper_value: null' on a headline claim", "why the paper "
+               "gives no number for it (or what was searched when its text was not reachable)")
+    if value is not None and not (isinstance(value, str) and re.search(r"\d", value) and re.search(r"\(.+\)", value)):
+        c.fail(f"{where}.paper_value", f"is {value!r}", "the paper's number with its location in parentheses, e.g. "
+               "'0.843 (Table 2, ...)', or null with paper_note")
+    c.mapping(setting, f"{where}.setting", _SETTING)
+    for key in _SETTING:
+        text = c.value(setting, key, f"{where}.setting.{key}", (str,), "a string: data, model, clients, rounds")
+        if not text.strip():
+            c.fail(f"{where}.setting.{key}", "is empty", "data, model, clients, rounds")
+    return role, paper_note, dict(setting)
+
+
+def _implementation(c: _Checker, data: dict) -> tuple[str, tuple]:
+    """`implementation: paper | official-code | construct` and `sources:` (a non-empty list of strings)."""
+    implementation = c.value(data, "implementation", "implementation", (str,), " | ".join(IMPLEMENTATIONS))
+    if implementation not in IMPLEMENTATIONS:
+        c.fail("implementation", f"is {implementation!r}", f"one of {' | '.join(IMPLEMENTATIONS)}")
+    sources = c.value(data, "sources", "sources", (list,), "a list of strings: what was read, what was not reachable")
+    if not sources or not all(isinstance(x, str) and x.strip() for x in sources):
+        c.fail("sources", f"is {sources!r}", "a non-empty list of non-empty strings")
+    return implementation, tuple(sources)
+
+
+def _report_rows(c: _Checker, raw, taken: set) -> tuple:
+    """`report:` rows: {id, text, metric, range?, note?}; ids unique among claims and report rows."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.fail("report", f"is {type(raw).__name__}", "a list of {id, text, metric, note} rows")
+    rows = []
+    for i, entry in enumerate(raw):
+        where = f"report[{i}]"
+        c.mapping(entry, where, _REPORT, optional=("range", "note", "paper_value", "seeds"))
+        rid = c.value(entry, "id", f"{where}.id", (str,), "an identifier")
+        metric = c.value(entry, "metric", f"{where}.metric", (str,), "the name given to repro.record")
+        for key, value in (("id", rid), ("metric", metric)):
+            if not _IDENT.match(value) or (key == "id" and value in taken):
+                c.fail(f"{where}.{key}", f"is {value!r}", "a unique identifier (letters, digits, _)")
+        taken.add(rid)
+        rows.append(ReportRow(id=rid, metric=metric, range=_range(c, entry, where, metric),
+                              text=c.value(entry, "text", f"{where}.text", (str,), "one sentence"),
+                              note=c.value(entry, "note", f"{where}.note", (str,), "a string", optional=True)))
+    return tuple(rows)
+
+
 def _figure_tolerance(c: _Checker, raw) -> dict | None:
     """`figure_tolerance: {rtol: 0.01, atol: 0.01}` (both optional, numbers >= 0)."""
     if raw is None:
@@ -236,17 +370,53 @@ def _figure_tolerance(c: _Checker, raw) -> dict | None:
     return {k: float(v) for k, v in raw.items()}
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that refuses a mapping's duplicate key (PyYAML keeps the last silently) and any alias (a few
+    nested aliases expand to gigabytes: an alias bomb)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.MarkedYAMLError(None, None, "aliases (*name) are not allowed in a claims file; write the "
+                                       "value out", mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.MarkedYAMLError(None, None, f"duplicate key {key!r} (PyYAML would keep only the last); "
+                                           "delete one of them", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: Path):
+    """The claims file's YAML (strict: no duplicate keys, no aliases, at most MAX_CLAIMS_BYTES)."""
+    try:
+        raw = path.read_bytes()
+        if len(raw) > MAX_CLAIMS_BYTES:
+            raise ClaimsFileError(f"{path}: {len(raw)} bytes; a claims file may hold at most {MAX_CLAIMS_BYTES}")
+        return yaml.load(raw.decode("utf-8"), Loader=_StrictLoader)  # noqa: S506 -- a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ClaimsFileError(f"{path}: not valid YAML ({e.problem or e.context}{where})") from None
+    except yaml.YAMLError as e:
+        raise ClaimsFileError(f"{path}: not valid YAML ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ClaimsFileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+    except OSError as e:
+        raise ClaimsFileError(f"{path}: cannot be read ({e.strerror})") from None
+
+
 def load_claims(path: Path | str) -> Paper:
     """Read and validate one claims file."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ClaimsFileError(f"{path}: not valid YAML ({e})") from None
-    except OSError as e:
-        raise ClaimsFileError(f"{path}: cannot be read ({e.strerror})") from None
+    data = read_yaml(path)
     c = _Checker(path)
-    c.mapping(data, "", _TOP, optional=("code", "note", "requires", "figure_tolerance"))
+    c.mapping(data, "", _TOP, optional=("code", "note", "requires", "figure_tolerance", "report"))
     pid = c.value(data, "id", "id", (str,), "a string")
     if pid != path.stem:
         c.fail("id", f"is {pid!r}", f"the file name without .yaml, {path.stem!r}")
@@ -287,7 +457,7 @@ def load_claims(path: Path | str) -> Paper:
     for i, raw in enumerate(data["claims"]):
         where = f"claims[{i}]"
         entry = c.mapping(raw, where, _CLAIM, optional=("partial", "paper_value", "note", "seeds", "confidence",
-                                                       "also_seen"))
+                                                       "also_seen", "range", "paper_note", "setting", "role"))
         cid = c.value(entry, "id", f"{where}.id", (str,), "an identifier such as 'weight_invariance'")
         if not _IDENT.match(cid) or cid in seen:
             c.fail(f"{where}.id", f"is {cid!r}", "a unique identifier (letters, digits, _)")
@@ -301,14 +471,19 @@ def load_claims(path: Path | str) -> Paper:
         note = c.value(entry, "note", f"{where}.note", (str,), "a string", optional=True)
         if verdict != REPRODUCED and not (note or "").strip():
             c.fail(f"{where}.note", f"is missing for verdict {verdict!r}", "what was tried, with numbers")
-        partial = entry.get("partial")
         seeds, confidence = _seed_fields(c, entry, where)
+        role, paper_note, setting = _role_fields(c, entry, where, seeds)
+        span = _range(c, entry, where, metric)
+        expect = c.expectation(entry["expect"], f"{where}.expect")
+        partial = None if entry.get("partial") is None else c.expectation(entry["partial"], f"{where}.partial")
+        _can_fail(c, expect, f"{where}.expect", span)
+        _can_fail(c, partial, f"{where}.partial", span)
         claims.append(Claim(
             id=cid,
             text=c.value(entry, "text", f"{where}.text", (str,), "one sentence"),
             metric=metric,
-            expect=c.expectation(entry["expect"], f"{where}.expect"),
-            partial=None if partial is None else c.expectation(partial, f"{where}.partial"),
+            expect=expect,
+            partial=partial,
             paper_value=c.value(entry, "paper_value", f"{where}.paper_value", (str, int, float),
                                 "a string or number (or null)", optional=True),
             verdict=verdict,
@@ -316,11 +491,18 @@ def load_claims(path: Path | str) -> Paper:
             seeds=seeds,
             confidence=confidence,
             also_seen=_also_seen(c, entry, where, verdict, seeds),
+            role=role, range=span, paper_note=paper_note, setting=setting,
         ))
+    n_headlines = sum(claim.role == HEADLINE for claim in claims)
+    if not 1 <= n_headlines <= MAX_HEADLINES:
+        c.fail("claims", f"has {n_headlines} claims with 'role: headline'", f"1 to {MAX_HEADLINES}: what the paper's "
+               "abstract or introduction claims (the paper's verdict comes from its headline claims)")
+    implementation, sources = _implementation(c, data)
     return Paper(id=pid, method=text_fields["method"], paper=dict(paper), seed_quote=text_fields["seed_quote"],
                  code=code, notebook=text_fields["notebook"], scales=scales, claims=tuple(claims), path=path,
                  requires=tuple(c.value(data, "requires", "requires", (list,), "a list of module names", True) or ()),
-                 figure_tolerance=_figure_tolerance(c, data.get("figure_tolerance")))
+                 figure_tolerance=_figure_tolerance(c, data.get("figure_tolerance")),
+                 implementation=implementation, sources=sources, report=_report_rows(c, data.get("report"), seen))
 
 
 def missing_requirements(paper: Paper) -> list[str]:
@@ -379,6 +561,30 @@ def paper_verdict(verdicts: list[str]) -> str:
     if all(v in (NOT_REPRODUCED, INCONCLUSIVE) for v in verdicts):
         return INCONCLUSIVE
     return PARTIAL
+
+
+def headline_verdict(rows) -> str:
+    """The paper's verdict: the combination rule (paper_verdict) over its headline claims alone (result rows
+    with 'role' and 'verdict'); supporting claims and checks never enter it."""
+    return paper_verdict([r["verdict"] for r in rows if r.get("role") == HEADLINE])
+
+
+def role_counts(rows) -> dict:
+    """{role: {verdict: n}} over a result's claim rows: supporting claims and checks are shown beside the
+    headline verdict, never merged into it."""
+    counts = {}
+    for r in rows:
+        by_verdict = counts.setdefault(r.get("role") or SUPPORTING, {})
+        by_verdict[r["verdict"]] = by_verdict.get(r["verdict"], 0) + 1
+    return counts
+
+
+def report_values(paper: Paper, metrics: dict) -> list[dict]:
+    """The `report:` rows with this run's value (a per-seed list stays a list; report.py shows mean ± h)."""
+    def finite(span):  # an open end is stored as null (JSON has no infinity)
+        return None if span is None else [v if math.isfinite(v) else None for v in span]
+    return [{"id": r.id, "text": r.text, "metric": r.metric, "note": r.note, "range": finite(r.range),
+             "ours": metrics.get(r.metric)} for r in paper.report]
 
 
 def claim_line(claim: Claim, verdict: str, reason: str | None = None) -> str:

@@ -27,6 +27,7 @@ _TOKEN = re.compile(r"""\s*(?:
 _COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 _KEYWORDS = {"within", "of", "between", "and", "true", "false"}
+_NOT_FINITE = {"inf", "infinity", "nan"}
 MAX_DEPTH = 32      # nested '(' / unary '-': deeper input would exhaust Python's recursion limit
 MAX_TOKENS = 256    # a long chain 'a + a + …' nests as deeply as parentheses do
 
@@ -92,11 +93,18 @@ class _Parser:
                 raise ExpectationError(f"expectation {_short(self.text)} nests parentheses / '-' more than "
                                        f"{MAX_DEPTH} deep; simplify it")
         if kind == "num":
-            return ("num", float(tok))
+            value = float(tok)
+            if not math.isfinite(value):  # '1e999' parses to inf: a bound that every value meets
+                raise ExpectationError(f"the number {tok!r} in expectation {_short(self.text)} is not finite; "
+                                       "write a finite bound")
+            return ("num", value)
         if kind == "str":
             return ("num", tok[1:-1])  # a constant, compared with ==
         if tok in ("true", "false"):
             return ("num", tok == "true")
+        if kind == "name" and tok.lower() in _NOT_FINITE:
+            raise ExpectationError(f"{tok!r} in expectation {_short(self.text)} is not a finite number; write a "
+                                   "finite bound (a metric cannot be named so)")
         if kind == "name" and tok not in _KEYWORDS:
             return ("metric", tok)
         if tok == "-":
@@ -172,6 +180,39 @@ class Expectation:
             raise MetricError(f"cannot evaluate {self.text!r} for value {value!r}: {e}") from None
 
 
+def _constant(node):
+    """The number an expression tree evaluates to without metrics, or None when it names a metric."""
+    if node[0] == "num":
+        return node[1] if isinstance(node[1], (int, float)) and not isinstance(node[1], bool) else None
+    if node[0] == "metric":
+        return None
+    left, right = _constant(node[1]), _constant(node[2])
+    return None if left is None or right is None else _ARITH[node[0]](left, right)
+
+
+def covers(expect: Expectation, low: float, high: float) -> bool:
+    """True when `expect` holds for every value in [low, high] (a claim on a metric of that range that cannot
+    fail); False when some value fails it or when it refers to other metrics (not decidable from the text)."""
+    if expect.names:
+        return False
+    if expect.kind in ("<", "<=", ">", ">="):
+        x = _constant(expect.args[0])
+        edge = high if expect.kind in ("<", "<=") else low
+        return x is not None and bool(_COMPARE[expect.kind](edge, x))
+    if expect.kind == "between":
+        a, b = (_constant(arg) for arg in expect.args)
+        return a is not None and b is not None and a <= low and high <= b
+    if expect.kind == "within":
+        tol, relative, target = expect.args
+        x = _constant(target)
+        if x is None:
+            return False
+        tol = tol * abs(x) if relative else tol
+        return x - tol <= low and high <= x + tol
+    x = _constant(expect.args[0])  # '==': only a range of one point
+    return x is not None and low == high == x
+
+
 def parse_expectation(text: str) -> Expectation:
     """Parse an expectation string; raises ExpectationError naming what is wrong."""
     if not isinstance(text, str) or not text.strip():
@@ -189,8 +230,9 @@ def parse_expectation(text: str) -> Expectation:
     elif tok == "within":
         p.take()
         k, num = p.take()
-        if k != "num":
-            raise ExpectationError(f"'within' needs a number tolerance in expectation {text!r}, got {num!r}")
+        if k != "num" or not math.isfinite(float(num)):
+            raise ExpectationError(f"'within' needs a finite number tolerance in expectation {_short(text)}, got "
+                                   f"{num!r}")
         relative = p.peek()[1] == "%"
         if relative:
             p.take()

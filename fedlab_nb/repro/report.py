@@ -6,13 +6,17 @@ import html
 from pathlib import Path
 from urllib.parse import quote
 
-from .claims import ERROR, INCONCLUSIVE, NOT_REPRODUCED, PARTIAL, REPRODUCED
+from .claims import (CHECK, CONSTRUCT, ERROR, HEADLINE, INCONCLUSIVE, NOT_REPRODUCED, PARTIAL, REPRODUCED, SUPPORTING,
+                     role_counts)
 from .results import STALE, read_result, result_files, safe_figure, stale_result
-from .verdicts import summary_text
+from .verdicts import DEFAULT_CONFIDENCE, mean_interval, summary_text
 
 COLOURS = {REPRODUCED: "#2e7d32", PARTIAL: "#ef8f00", NOT_REPRODUCED: "#757575", INCONCLUSIVE: "#5c6bc0",
            ERROR: "#c62828", STALE: "#6d4c41"}
-COLUMNS = ["Paper", "Scale", "Claim", "Paper's number", "Ours", "Expectation", "Verdict"]
+PAPER_COLUMNS = ["Paper", "Scale", "Headline claim", "Paper's number", "Ours", "Setting (paper / ours)",
+                 "Implementation", "Verdict"]
+COLUMNS = ["Paper", "Scale", "Role", "Claim", "Paper's number", "Ours", "Expectation", "Verdict"]
+REPORT_COLUMNS = ["Paper", "Scale", "Reported", "Metric", "Ours"]
 
 
 def load_results(results_dir="results") -> list[dict]:
@@ -40,16 +44,77 @@ def ours(claim: dict) -> str:
     return summary_text(claim.get("interval")) or fmt(claim.get("ours"))
 
 
+def reported(row: dict) -> str:
+    """A reported number: a per-seed list as mean ± half-width (n, 90 % one-sided), else the value."""
+    value = row.get("ours")
+    if isinstance(value, list) and len(value) >= 2 and all(isinstance(v, (int, float)) for v in value):
+        i = mean_interval(value, DEFAULT_CONFIDENCE)
+        return f"{i.mean:.4g} ± {i.half_width:.2g} (n={i.n}, {DEFAULT_CONFIDENCE:.0%} one-sided)"
+    return fmt(value)
+
+
+def verdict_label(result: dict) -> str:
+    """The paper's (headline) verdict; a construct's says so, so it never reads as the paper reproduced."""
+    verdict = result["verdict"]
+    return f"{CONSTRUCT}: {verdict}" if result.get("implementation") == CONSTRUCT else verdict
+
+
+def beside(result: dict) -> str:
+    """What stands beside the headline verdict: 'supporting 4/6 reproduced; checks 5/5 hold; 2 reported'."""
+    counts = result.get("counts") or role_counts(result.get("claims") or [])
+    parts = [f"{label} {by.get(REPRODUCED, 0)}/{sum(by.values())} {word}"
+             for role, label, word in ((SUPPORTING, "supporting", "reproduced"), (CHECK, "checks", "hold"))
+             if (by := counts.get(role))]
+    if result.get("report"):
+        parts.append(f"{len(result['report'])} reported")
+    return "; ".join(parts)
+
+
+def _paper_number(c: dict) -> str:
+    if c.get("paper_value") is not None:
+        return str(c["paper_value"])
+    return f"none: {c['paper_note']}" if c.get("paper_note") else "—"
+
+
+def _setting(c: dict) -> str:
+    s = c.get("setting") if isinstance(c.get("setting"), dict) else {}
+    return f"paper: {s.get('paper', '—')} / ours: {s.get('ours', '—')}" if s else "—"
+
+
+def headline_rows(result: dict) -> list[list[str]]:
+    """One row per paper: its headline claims (several joined by ' · '), the paper's number, ours, the two
+    settings, what was implemented, and the headline verdict with the supporting and check counts beside it."""
+    if result["verdict"] == STALE:
+        return [[result["paper"], result["scale"], "—", "—", "—", "—", "—", f"{STALE}: corrupt result file"]]
+    heads = [c for c in result.get("claims") or [] if c.get("role") == HEADLINE]
+    join = lambda f: " · ".join(f(c) for c in heads) or "—"
+    extra = beside(result)
+    return [[result["paper"], result["scale"], join(lambda c: f"{c['id']}: {c.get('text', '')} ({c['verdict']})"),
+             join(_paper_number), join(ours), join(_setting), str(result.get("implementation") or "—"),
+             verdict_label(result) + (f" ({extra})" if extra else "")]]
+
+
 def _rows(result: dict) -> list[list[str]]:
     if result["verdict"] == STALE:  # one row, so a corrupt result cannot vanish from the table
-        return [[result["paper"], result["scale"], "—", "—", "—", "—", f"{STALE}: corrupt result file"]]
+        return [[result["paper"], result["scale"], "—", "—", "—", "—", "—", f"{STALE}: corrupt result file"]]
     rows = []
-    for c in result["claims"]:
+    for c in by_role(result["claims"]):
         expect = c["expect"] + (f" (partial: {c['partial']})" if c.get("partial") else "")
         verdict = c["verdict"] + (f": {c['reason']}" if c.get("reason") else "")
-        paper_value = "—" if c.get("paper_value") is None else str(c["paper_value"])
-        rows.append([result["paper"], result["scale"], c["id"], paper_value, ours(c), expect, verdict])
+        rows.append([result["paper"], result["scale"], str(c.get("role") or "—"), c["id"], _paper_number(c), ours(c),
+                     expect, verdict])
     return rows
+
+
+def by_role(claims: list[dict]) -> list[dict]:
+    """Headline claims first, then supporting claims, then checks (file order within each)."""
+    order = {HEADLINE: 0, SUPPORTING: 1, CHECK: 2}
+    return sorted(claims, key=lambda c: order.get(c.get("role"), 1))
+
+
+def _report_rows(result: dict) -> list[list[str]]:
+    return [[result["paper"], result["scale"], f"{r['id']}: {r.get('text', '')}", str(r.get("metric")), reported(r)]
+            for r in result.get("report") or [] if isinstance(r, dict)]
 
 
 def _error_text(result: dict) -> str | None:
@@ -87,21 +152,36 @@ def chapter(paper_id: str) -> tuple[int, str]:
 
 
 def summary_counts(results: list[dict]) -> dict:
-    """{"papers": {verdict: n}, "claims": {verdict: n}} over all results."""
-    papers, claims = {}, {}
+    """Counts over all results: "papers" (headline verdicts of papers implemented as the paper or its code),
+    "constructs" (the same for our constructs), and one {verdict: n} per claim role; "reported" numbers."""
+    counts = {"papers": {}, "constructs": {}, HEADLINE: {}, SUPPORTING: {}, CHECK: {}, "reported": 0}
     for r in results:
-        papers[r["verdict"]] = papers.get(r["verdict"], 0) + 1
-        for c in r.get("claims") or []:
-            claims[c["verdict"]] = claims.get(c["verdict"], 0) + 1
-    return {"papers": papers, "claims": claims}
+        which = counts["constructs" if r.get("implementation") == CONSTRUCT else "papers"]
+        which[r["verdict"]] = which.get(r["verdict"], 0) + 1
+        for role, by in role_counts(r.get("claims") or []).items():
+            for verdict, n in by.items():
+                counts[role][verdict] = counts[role].get(verdict, 0) + n
+        counts["reported"] += len(r.get("report") or [])
+    return counts
 
 
 def summary_lines(results: list[dict]) -> list[str]:
-    """A few lines for the terminal and the top of the board: counts of papers and claims per verdict."""
+    """A few lines for the terminal and the top of the board: papers by headline verdict, constructs apart,
+    then claims by role (checks as 'hold'), then how many numbers are only reported."""
     counts = summary_counts(results)
     line = lambda d: ", ".join(f"{n} {v}" for v, n in sorted(d.items(), key=lambda kv: -kv[1])) or "none"
-    return [f"{len(results)} results: {line(counts['papers'])}",
-            f"{sum(counts['claims'].values())} claims: {line(counts['claims'])}"]
+    n_papers, n_constructs = sum(counts["papers"].values()), sum(counts["constructs"].values())
+    checks = counts[CHECK]
+    lines = [f"{n_papers} papers, by headline verdict: {line(counts['papers'])}"]
+    if n_constructs:
+        lines.append(f"{n_constructs} constructs (our rule where the paper's could not be read; never counted as the "
+                     f"paper reproduced): {line(counts['constructs'])}")
+    lines += [f"{sum(counts[HEADLINE].values())} headline claims: {line(counts[HEADLINE])}",
+              f"{sum(counts[SUPPORTING].values())} supporting claims: {line(counts[SUPPORTING])}",
+              f"{sum(checks.values())} checks of our code: {checks.get(REPRODUCED, 0)} hold"
+              + "".join(f", {n} {v}" for v, n in checks.items() if v != REPRODUCED),
+              f"{counts['reported']} numbers reported without a verdict"]
+    return lines
 
 
 def references(claim: dict, metrics: dict) -> str:
@@ -120,15 +200,21 @@ def _short(value) -> str:
     return fmt(value)
 
 
+def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *["| " + " | ".join(md_text(x) for x in row) + " |" for row in rows], ""]
+
+
 def markdown(results: list[dict], results_dir=None) -> str:
     md_cell = md_text
-    lines = ["# Reproducibility report", "", *[f"- {md_cell(x)}" for x in summary_lines(results)], ""]
-    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = ["# Reproducibility report", "", *[f"- {md_cell(x)}" for x in summary_lines(results)], "",
+             "## Papers: the headline verdict", ""]
+    lines += _md_table(PAPER_COLUMNS, [row for r in results for row in headline_rows(r)])
+    lines += ["## Every claim, by role", ""] + _md_table(COLUMNS, [row for r in results for row in _rows(r)])
+    lines += ["## Reported numbers (no verdict)", ""]
+    lines += _md_table(REPORT_COLUMNS, [row for r in results for row in _report_rows(r)])
     for r in results:
-        lines += ["| " + " | ".join(md_cell(x) for x in row) + " |" for row in _rows(r)]
-    lines.append("")
-    for r in results:
-        lines += [f"## {md_cell(r['paper'])} ({md_cell(r['scale'])}): {md_cell(r['verdict'])}", "",
+        lines += [f"## {md_cell(r['paper'])} ({md_cell(r['scale'])}): {md_cell(verdict_label(r))}", "",
                   md_cell(f"{r.get('method', '')} — seed {r.get('seed')}, device {r.get('device')}, "
                           f"{r.get('wall_seconds')} s, {r.get('timestamp')}"), ""]
         if _error_text(r):
@@ -178,17 +264,35 @@ def _summary_table(results: list[dict]) -> str:
 def _claim_rows(r: dict) -> list[str]:
     e, out = html.escape, []
     metrics = r.get("metrics") or {}
-    for claim, row in zip(r["claims"] or [{"verdict": r["verdict"]}], _rows(r)):
+    for claim, row in zip(by_role(r["claims"]) or [{"verdict": r["verdict"]}], _rows(r)):
         colour = COLOURS.get(claim["verdict"], "#000")
-        what = f"<b>{e(row[2])}</b>" + (f"<br>{e(str(claim['text']))}" if claim.get("text") else "")
+        what = f"<b>{e(row[3])}</b>" + (f"<br>{e(str(claim['text']))}" if claim.get("text") else "")
         metric = e(str(claim.get("metric") or "—"))
         refs = references(claim, metrics)
-        expect = e(row[5]) + (f"<br><span class='muted'>{e(refs)}</span>" if refs else "")
-        out.append(f"<tr><td>{what}</td><td><code>{metric}</code></td><td>{e(row[4])}</td><td>{e(row[3])}</td>"
-                   f"<td>{expect}</td><td class='v' style='background:{colour}'>{e(row[6])}</td></tr>")
+        expect = e(row[6]) + (f"<br><span class='muted'>{e(refs)}</span>" if refs else "")
+        out.append(f"<tr><td>{e(row[2])}</td><td>{what}</td><td><code>{metric}</code></td><td>{e(row[5])}</td>"
+                   f"<td>{e(row[4])}</td><td>{expect}</td><td class='v' style='background:{colour}'>{e(row[7])}</td></tr>")
         if claim.get("note") and claim["verdict"] != REPRODUCED:  # a negative result carries its explanation
-            out.append(f"<tr><td class='note' colspan='6'>{e(str(claim['note']))}</td></tr>")
+            out.append(f"<tr><td class='note' colspan='7'>{e(str(claim['note']))}</td></tr>")
+    for row in _report_rows(r):
+        out.append(f"<tr><td>reported</td><td>{e(row[2])}</td><td><code>{e(row[3])}</code></td><td>{e(row[4])}</td>"
+                   "<td colspan='3' class='muted'>no verdict: a number shown, not a claim</td></tr>")
     return out
+
+
+def _paper_table(results: list[dict]) -> str:
+    """The board's first table: one row per paper, its headline claim(s) and headline verdict."""
+    e = html.escape
+    head = "".join(f"<th>{e(c)}</th>" for c in PAPER_COLUMNS)
+    rows = []
+    for r in results:
+        for row in headline_rows(r):
+            colour = COLOURS.get(r["verdict"], "#000")
+            link = f"<a href='#{e(r['paper'])}-{e(r['scale'])}'>{e(row[0])}</a>"
+            cells = "".join(f"<td>{e(x)}</td>" for x in row[1:7])
+            rows.append(f"<tr data-v='{e(r['verdict'])}'><td>{link}</td>{cells}"
+                        f"<td class='v' style='background:{colour}'>{e(row[7])}</td></tr>")
+    return f"<table class='papers'><tr>{head}</tr>{''.join(rows)}</table>"
 
 
 def html_page(results: list[dict], results_dir: Path) -> str:
@@ -200,14 +304,15 @@ def html_page(results: list[dict], results_dir: Path) -> str:
              f"<style>{STYLE}{_filter_css(present)}</style>",
              "<h1>Reproducibility report</h1>",
              "<p>" + "<br>".join(e(x) for x in summary_lines(results)) + "</p>",
-             _summary_table(results),
+             "<h2>Papers: the headline verdict</h2>", _paper_table(results),
+             "<h2>By chapter</h2>", _summary_table(results),
              "show: <input class='f' type='radio' name='f' id='fall' checked><label class='f' for='fall'>all</label>"
              + radios, "<main>"]
     for r in sorted(results, key=lambda r: (chapter(r["paper"]), r["paper"], r["scale"])):
         colour = COLOURS.get(r["verdict"], "#000")
         parts.append(f"<section class='paper' id='{e(r['paper'])}-{e(r['scale'])}' data-v='{e(r['verdict'])}'>")
         parts.append(f"<h2>{e(r['paper'])} ({e(r['scale'])}) — "
-                     f"<span style='color:{colour}'>{e(r['verdict'])}</span></h2>")
+                     f"<span style='color:{colour}'>{e(verdict_label(r))}</span></h2>")
         notebook = r.get("notebook")
         link = (f" · <a href='{e(quote(notebook))}'>executed notebook</a>"
                 if isinstance(notebook, str) and not Path(notebook).is_absolute() and ".." not in Path(notebook).parts
@@ -217,7 +322,7 @@ def html_page(results: list[dict], results_dir: Path) -> str:
                      f"{e(str(r.get('timestamp')))}, commit {e(str(r.get('git_commit')))}{link}</span></p>")
         if _error_text(r):
             parts.append(f"<p class='err'>{e(_error_text(r))}</p>")
-        head = ["Claim", "Metric", "Ours", "Paper's number", "Expectation", "Verdict"]
+        head = ["Role", "Claim", "Metric", "Ours", "Paper's number", "Expectation", "Verdict"]
         parts.append("<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in head) + "</tr>")
         parts += _claim_rows(r)
         parts.append("</table>")

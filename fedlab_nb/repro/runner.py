@@ -25,7 +25,7 @@ from pathlib import Path
 import nbformat
 
 from .claims import (ERROR, ROOT_ENV, PACKAGE_ROOT, Paper, ReproError, default_root, judge_detail, load_paper,
-                     paper_verdict)
+                     role_counts, headline_verdict, report_values)
 from .recording import METRICS_FILE, RUN_DIR_ENV, write_json_atomic
 from .results import StaleResultWarning, file_digest, read_result
 
@@ -286,16 +286,21 @@ def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict,
             verdict, reason = ERROR, f"notebook failed in cell {run['error']['cell']}: {run['error']['ename']}"
         else:
             verdict, reason, summary = judge_detail(claim, run["metrics"])
-        rows.append({"id": claim.id, "text": claim.text, "metric": claim.metric, "expect": claim.expect.text,
-                     "partial": claim.partial.text if claim.partial else None, "paper_value": claim.paper_value,
+        rows.append({"id": claim.id, "role": claim.role, "text": claim.text, "metric": claim.metric,
+                     "expect": claim.expect.text, "partial": claim.partial.text if claim.partial else None,
+                     "paper_value": claim.paper_value, "paper_note": claim.paper_note, "setting": claim.setting,
                      "ours": run["metrics"].get(claim.metric), "verdict": verdict, "reason": reason,
                      "stored_verdict": claim.verdict, "also_seen": claim.also_seen, "seeds": claim.seeds,
                      "interval": summary, "note": claim.note})
     run_dir = Path(run["run_dir"])
     result = {
         "paper": paper.id, "method": paper.method, "title": paper.paper.get("title"), "scale": scale,
-        "verdict": ERROR if run["error"] else paper_verdict([r["verdict"] for r in rows]),
-        "claims": rows, "metrics": run["metrics"], "error": run["error"],
+        "citation": {k: paper.paper.get(k) for k in ("authors", "venue", "year", "url")},
+        "implementation": paper.implementation,
+        "verdict": ERROR if run["error"] else headline_verdict(rows),
+        "counts": role_counts(rows),
+        "claims": rows, "report": report_values(paper, run["metrics"]), "metrics": run["metrics"],
+        "error": run["error"],
         "notebook": os.path.relpath(run["notebook"], out_dir) if run.get("notebook") else None,
         "figures": sorted(os.path.relpath(p, out_dir) for p in run_dir.glob("*.png")),
         "figure_data": sorted(os.path.relpath(p, out_dir) for p in run_dir.glob("*.data.json")),
