@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Committed notebooks a reader can trust: the only stored outputs are those nbval compares (the cell that
 starts with `# NBVAL_CHECK_OUTPUT`), and they say that they are the expected output, not a run's result.
+Each notebook's claims cell is followed by its headline cell, `repro.headline(ID)`: the paper's verdict as
+its claims file states it, stored here from that file (so the notebook's stated verdict cannot drift from it).
 
     .venv/bin/python scripts/expected_outputs.py            # rewrite notebooks/*.ipynb in that form
     .venv/bin/python scripts/expected_outputs.py --check    # exit 1 naming every notebook not in that form
@@ -17,9 +19,56 @@ from pathlib import Path
 
 import nbformat
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fedlab_nb.repro.claims import headline_lines, load_paper, paper_ids  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = "Expected output, stored with the notebook for the tests; run this cell to compute yours:\n"
 MARK = "# NBVAL_CHECK_OUTPUT"
+CLAIMS_CALL = "repro.check_claims("
+
+
+def headline_source(paper_id: str) -> str:
+    return f"{MARK}\nrepro.headline(\"{paper_id}\")  # as papers/{paper_id}.yaml states it; the cell above checks this run"
+
+
+def _headline_index(nb, paper_id: str) -> tuple[int | None, int | None]:
+    """(index of the claims cell, index of the headline cell or None)."""
+    claims = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code" and CLAIMS_CALL in c.source), None)
+    head = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source == headline_source(paper_id)),
+                None)
+    return claims, head
+
+
+def headline_problems(nb, paper_id: str, root: Path = ROOT) -> list[str]:
+    """What is wrong with the notebook's headline cell: missing, misplaced, or its stored verdict not the file's."""
+    claims, head = _headline_index(nb, paper_id)
+    if claims is None:
+        return [f"no claims cell ({CLAIMS_CALL}...)"]
+    if head != claims + 1:
+        return [f"no headline cell right after the claims cell (repro.headline(\"{paper_id}\"))"]
+    want = HEADER + "\n".join(headline_lines(load_paper(paper_id, root))) + "\n"
+    outputs = nb.cells[head].get("outputs") or [{}]
+    if outputs[0].get("text") != want:
+        return [f"the headline cell's stored verdict differs from papers/{paper_id}.yaml"]
+    return []
+
+
+def put_headline(nb, paper_id: str, root: Path = ROOT):
+    """Insert (or refresh) the headline cell after the claims cell, its output written from the claims file."""
+    claims, head = _headline_index(nb, paper_id)
+    if head is None:
+        head = claims + 1
+        nb.cells.insert(head, nbformat.v4.new_code_cell(headline_source(paper_id)))
+    text = HEADER + "\n".join(headline_lines(load_paper(paper_id, root))) + "\n"
+    nb.cells[head].outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+    nb.cells[head].execution_count = 1
+    return nb
+
+
+def notebook_papers(root: Path = ROOT) -> dict:
+    """{notebook path: paper id} from the claims files."""
+    return {(root / load_paper(pid, root).notebook).resolve(): pid for pid in paper_ids(root)}
 
 
 def expected_form(nb) -> list[str]:
@@ -59,15 +108,17 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="only report notebooks not in the expected form")
     ap.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
     args = ap.parse_args(argv)
-    status = 0
+    status, papers = 0, notebook_papers()
     for path in args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(str(path), as_version=4)
+        pid = papers.get(Path(path).resolve())
+        problems = expected_form(nb) + (headline_problems(nb, pid) if pid else [])
         if args.check:
-            for problem in expected_form(nb):
+            for problem in problems:
                 print(f"{path.name}: {problem}", file=sys.stderr)
                 status = 1
-        elif expected_form(nb):
-            nbformat.write(mark(nb), str(path))
+        elif problems:
+            nbformat.write(mark(put_headline(nb, pid) if pid else nb), str(path))
             print(f"rewrote {path.name}")
     return status
 

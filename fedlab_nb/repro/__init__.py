@@ -5,7 +5,7 @@ Inside a notebook:   from fedlab_nb import repro
 From Python / CLI:   repro.reproduce("fedau", "smoke"); repro.build_report("results")
 """
 from .claims import (ERROR, INCONCLUSIVE, NOT_REPRODUCED, PARTIAL, REPRODUCED, ClaimsFileError, ReproError,
-                     UnknownPaperError, check_claims, claim_verdicts, judge_detail, load_claims, load_paper,
+                     UnknownPaperError, check_claims, claim_verdicts, headline, judge_detail, load_claims, load_paper,
                      paper_ids, show_intervals)
 from .expect import ExpectationError, parse_expectation
 from .recording import record, recorded, save_figure
@@ -24,7 +24,7 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["record", "recorded", "save_figure", "check_claims", "claim_verdicts", "judge_detail", "show_intervals",
+__all__ = ["record", "recorded", "save_figure", "check_claims", "headline", "claim_verdicts", "judge_detail", "show_intervals",
            "load_claims", "load_paper", "paper_ids",
            "parse_expectation", "ClaimsFileError", "ExpectationError", "ReproError", "UnknownPaperError",
            "REPRODUCED", "PARTIAL", "NOT_REPRODUCED", "INCONCLUSIVE", "ERROR", *_LAZY]

@@ -579,6 +579,33 @@ def role_counts(rows) -> dict:
     return counts
 
 
+def beside_text(counts: dict, n_reported: int = 0) -> str:
+    """What stands beside a headline verdict: 'supporting 4/6 reproduced; checks 5/5 hold; 2 reported'."""
+    parts = [f"{label} {by.get(REPRODUCED, 0)}/{sum(by.values())} {word}"
+             for role, label, word in ((SUPPORTING, "supporting", "reproduced"), (CHECK, "checks", "hold"))
+             if (by := counts.get(role))]
+    return "; ".join(parts + ([f"{n_reported} reported"] if n_reported else []))
+
+
+def headline_lines(paper: Paper) -> list[str]:
+    """The paper's verdict as its claims file states it: the headline verdict (a construct says so), each
+    headline claim's stored verdict (and those also seen), and the supporting claims and checks beside it."""
+    rows = [{"role": c.role, "verdict": c.verdict} for c in paper.claims]
+    verdict = headline_verdict(rows)
+    label = f"{CONSTRUCT}: {verdict}" if paper.is_construct else verdict
+    lines = [f"The paper's verdict, from its headline claims (papers/{paper.id}.yaml): {label.upper()}"]
+    lines += [f"  headline {c.id}: {' or '.join(c.accepted)}" for c in paper.headlines]
+    beside = beside_text(role_counts(rows), len(paper.report))
+    return lines + ([f"  beside it: {beside}"] if beside else [])
+
+
+def headline(paper_id: str) -> None:
+    """Print the paper's headline verdict as stored in its claims file (the claims cell above checks this run
+    against the same file); a notebook's 'Reading the verdicts' starts from these lines, which nbval checks."""
+    for line in headline_lines(load_claims(find_claims_file(paper_id))):
+        print(line)
+
+
 def report_values(paper: Paper, metrics: dict) -> list[dict]:
     """The `report:` rows with this run's value (a per-seed list stays a list; report.py shows mean ± h)."""
     def finite(span):  # an open end is stored as null (JSON has no infinity)

@@ -7,7 +7,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from .claims import (CHECK, CONSTRUCT, ERROR, HEADLINE, INCONCLUSIVE, NOT_REPRODUCED, PARTIAL, REPRODUCED, SUPPORTING,
-                     role_counts)
+                     beside_text, role_counts)
 from .results import STALE, read_result, result_files, safe_figure, stale_result
 from .verdicts import DEFAULT_CONFIDENCE, mean_interval, summary_text
 
@@ -62,12 +62,7 @@ def verdict_label(result: dict) -> str:
 def beside(result: dict) -> str:
     """What stands beside the headline verdict: 'supporting 4/6 reproduced; checks 5/5 hold; 2 reported'."""
     counts = result.get("counts") or role_counts(result.get("claims") or [])
-    parts = [f"{label} {by.get(REPRODUCED, 0)}/{sum(by.values())} {word}"
-             for role, label, word in ((SUPPORTING, "supporting", "reproduced"), (CHECK, "checks", "hold"))
-             if (by := counts.get(role))]
-    if result.get("report"):
-        parts.append(f"{len(result['report'])} reported")
-    return "; ".join(parts)
+    return beside_text(counts, len(result.get("report") or []))
 
 
 def _paper_number(c: dict) -> str:
