@@ -232,6 +232,7 @@ STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:78em
          ".err{color:#c62828;white-space:pre-wrap}.note{color:#555;font-size:.92em;background:#fafafa}"
          ".figs img{width:100%;max-width:60em;cursor:zoom-in;display:block;margin:.5em 0;border:1px solid #eee}"
          ".figs img:focus{max-width:none;cursor:zoom-out;outline:none}.muted{color:#666;font-size:.9em}"
+         "table.papers{font-size:.9em}.hv{min-width:11em}"
          ".summary td,.summary th{text-align:center}.summary td:first-child{text-align:left}"
          "input.f{display:none}label.f{margin:0 .3em .3em 0;padding:.3em .8em;border:1px solid #bbb;"
          "border-radius:1em;cursor:pointer;display:inline-block}input.f:checked+label.f{background:#333;color:#fff}")
@@ -275,18 +276,38 @@ def _claim_rows(r: dict) -> list[str]:
     return out
 
 
+def _headline_cells(r: dict) -> str:
+    """Claim, paper's number, ours and setting cells: one line per headline claim, the long texts as tooltips."""
+    e = html.escape
+    heads = [c for c in r.get("claims") or [] if c.get("role") == HEADLINE]
+    claim = "<br>".join(f"<span title='{e(str(c.get('text', '')))}'><b>{e(c['id'])}</b>: "
+                        f"<span style='color:{COLOURS.get(c['verdict'], '#000')}'>{e(c['verdict'])}</span></span>"
+                        for c in heads)
+    number = "<br>".join(e(str(c["paper_value"])) if c.get("paper_value") is not None
+                         else f"<span class='muted' title='{e(str(c.get('paper_note') or ''))}'>none (why: hover)</span>"
+                         for c in heads)
+    settings = " · ".join(dict.fromkeys(_setting(c) for c in heads))  # one paper setting usually serves all
+    setting = f"<span title='{e(settings)}'>{e(settings[:60])}{'…' if len(settings) > 60 else ''}</span>"
+    return (f"<td>{claim or '—'}</td><td>{number or '—'}</td><td>{'<br>'.join(e(ours(c)) for c in heads) or '—'}</td>"
+            f"<td>{setting if heads else '—'}</td>")
+
+
 def _paper_table(results: list[dict]) -> str:
-    """The board's first table: one row per paper, its headline claim(s) and headline verdict."""
+    """The board's first table: one row per paper, a line per headline claim (its verdict, the paper's number,
+    ours, the two settings; long texts as tooltips, in full in the paper's section), the implementation and the
+    paper's headline verdict with the supporting claims and checks beside it."""
     e = html.escape
     head = "".join(f"<th>{e(c)}</th>" for c in PAPER_COLUMNS)
     rows = []
     for r in results:
-        for row in headline_rows(r):
-            colour = COLOURS.get(r["verdict"], "#000")
-            link = f"<a href='#{e(r['paper'])}-{e(r['scale'])}'>{e(row[0])}</a>"
-            cells = "".join(f"<td>{e(x)}</td>" for x in row[1:7])
-            rows.append(f"<tr data-v='{e(r['verdict'])}'><td>{link}</td>{cells}"
-                        f"<td class='v' style='background:{colour}'>{e(row[7])}</td></tr>")
+        colour = COLOURS.get(r["verdict"], "#000")
+        link = f"<a href='#{e(r['paper'])}-{e(r['scale'])}'>{e(r['paper'])}</a>"
+        extra = beside(r)
+        verdict = (f"<td class='hv' style='border-left:6px solid {colour}'><b style='color:{colour}'>"
+                   f"{e(verdict_label(r))}</b>" + (f"<br><span class='muted'>{e(extra)}</span>" if extra else "")
+                   + "</td>")
+        rows.append(f"<tr data-v='{e(r['verdict'])}'><td>{link}</td><td>{e(r['scale'])}</td>{_headline_cells(r)}"
+                    f"<td>{e(str(r.get('implementation') or '—'))}</td>{verdict}</tr>")
     return f"<table class='papers'><tr>{head}</tr>{''.join(rows)}</table>"
 
 
