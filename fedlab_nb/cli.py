@@ -317,9 +317,10 @@ def _warning_lines(caught) -> list:
 
 def cmd_report(args) -> int:
     from fedlab_nb.repro.report import build_report, load_results, summary_lines
-    results = _results(args, _root(args))
-    build_report(results)
-    print("\n".join(summary_lines(load_results(results))))
+    root = _root(args)
+    results = _results(args, root)
+    build_report(results, root)
+    print("\n".join(summary_lines(load_results(results, root))))
     print(f"wrote {results / 'REPORT.md'} and {results / 'index.html'} (open it in a browser)")
     return 0
 

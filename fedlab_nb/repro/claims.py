@@ -108,6 +108,7 @@ class Paper:
     implementation: str = "paper"   # paper | official-code | construct: what the notebook implements
     sources: tuple = ()             # what was read (paper text, official code, summaries) and what was not
     report: tuple = ()              # ReportRow: numbers shown without a verdict
+    paper_scale: dict | None = None  # the paper's own experiment: setting, data, status, estimate (SCHEMA.md)
 
     @property
     def root(self) -> Path:
@@ -169,13 +170,15 @@ def find_claims_file(paper_id: str) -> Path:
 # ---------------------------------------------------------------------------------------------- validation
 # the known fields of each mapping, in the order the schema lists them
 _TOP = ("id", "method", "paper", "seed_quote", "code", "implementation", "sources", "notebook", "scales", "claims",
-        "report", "note", "requires", "figure_tolerance")
+        "report", "note", "requires", "figure_tolerance", "paper_scale")
 _TOLERANCE = ("rtol", "atol")
 _PAPER = ("title", "authors", "venue", "year", "url")
 _SCALE = ("device", "seconds", "parameters", "note")
 _CLAIM = ("id", "role", "text", "metric", "range", "expect", "partial", "paper_value", "paper_note", "setting",
           "verdict", "note", "seeds", "confidence", "also_seen")
 _REPORT = ("id", "text", "metric", "range", "note", "paper_value", "seeds")
+_PAPER_SCALE = ("setting", "data", "status", "estimate", "quick", "note")
+PAPER_SCALE_STATUS = ("runs here", "needs a GPU", "needs data", "no experiment")
 _SETTING = ("paper", "ours")
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 
@@ -358,6 +361,30 @@ def _report_rows(c: _Checker, raw, taken: set) -> tuple:
     return tuple(rows)
 
 
+def _paper_scale(c: _Checker, raw, scales: dict) -> dict | None:
+    """`paper_scale: {setting, data, status, estimate, note}`: the paper's own experiment and whether it runs here.
+    'runs here' needs a `paper` scale on the CPU; a stand-in runs under `paper-substitute`, never under `paper`."""
+    if raw is None:
+        return None
+    c.mapping(raw, "paper_scale", _PAPER_SCALE, optional=("estimate", "quick", "note"))
+    for key in ("setting", "data", "status"):
+        text = c.value(raw, key, f"paper_scale.{key}", (str,), "a string")
+        if not text.strip():
+            c.fail(f"paper_scale.{key}", "is empty", "a string")
+    for key in ("estimate", "note"):
+        c.value(raw, key, f"paper_scale.{key}", (str,), "a string", optional=True)
+    if raw["status"] not in PAPER_SCALE_STATUS:
+        c.fail("paper_scale.status", f"is {raw['status']!r}", " | ".join(PAPER_SCALE_STATUS))
+    quick = c.value(raw, "quick", "paper_scale.quick", (dict,), "notebook parameters that cut the paper scale to a "
+                    "round or two for CI, e.g. {rounds: 2}", optional=True)
+    if quick is not None and "paper" not in scales:
+        c.fail("paper_scale.quick", "is set without a paper scale", "a 'paper' entry under scales")
+    if raw["status"] == "runs here" and (scales.get("paper") or {}).get("device") != "cpu":
+        c.fail("scales.paper.device", f"is {(scales.get('paper') or {}).get('device')!r} while paper_scale.status is "
+               "'runs here'", "'cpu': the paper's own setting runs on this machine's CPU")
+    return dict(raw)
+
+
 def _figure_tolerance(c: _Checker, raw) -> dict | None:
     """`figure_tolerance: {rtol: 0.01, atol: 0.01}` (both optional, numbers >= 0)."""
     if raw is None:
@@ -416,7 +443,7 @@ def load_claims(path: Path | str) -> Paper:
     path = Path(path)
     data = read_yaml(path)
     c = _Checker(path)
-    c.mapping(data, "", _TOP, optional=("code", "note", "requires", "figure_tolerance", "report"))
+    c.mapping(data, "", _TOP, optional=("code", "note", "requires", "figure_tolerance", "report", "paper_scale"))
     pid = c.value(data, "id", "id", (str,), "a string")
     if pid != path.stem:
         c.fail("id", f"is {pid!r}", f"the file name without .yaml, {path.stem!r}")
@@ -502,7 +529,8 @@ def load_claims(path: Path | str) -> Paper:
                  code=code, notebook=text_fields["notebook"], scales=scales, claims=tuple(claims), path=path,
                  requires=tuple(c.value(data, "requires", "requires", (list,), "a list of module names", True) or ()),
                  figure_tolerance=_figure_tolerance(c, data.get("figure_tolerance")),
-                 implementation=implementation, sources=sources, report=_report_rows(c, data.get("report"), seen))
+                 implementation=implementation, sources=sources, report=_report_rows(c, data.get("report"), seen),
+                 paper_scale=_paper_scale(c, data.get("paper_scale"), scales))
 
 
 def missing_requirements(paper: Paper) -> list[str]:

@@ -8,24 +8,41 @@ from urllib.parse import quote
 
 from .claims import (CHECK, CONSTRUCT, ERROR, HEADLINE, INCONCLUSIVE, NOT_REPRODUCED, PARTIAL, REPRODUCED, SUPPORTING,
                      beside_text, role_counts)
+from .claims import default_root
 from .results import STALE, read_result, result_files, safe_figure, stale_result
 from .verdicts import DEFAULT_CONFIDENCE, mean_interval, summary_text
 
 COLOURS = {REPRODUCED: "#2e7d32", PARTIAL: "#ef8f00", NOT_REPRODUCED: "#757575", INCONCLUSIVE: "#5c6bc0",
            ERROR: "#c62828", STALE: "#6d4c41"}
 PAPER_COLUMNS = ["Paper", "Scale", "Headline claim", "Paper's number", "Ours", "Setting (paper / ours)",
-                 "Implementation", "Verdict"]
+                 "Implementation", "Verdict", "At the paper's scale"]
 COLUMNS = ["Paper", "Scale", "Role", "Claim", "Paper's number", "Ours", "Expectation", "Verdict"]
 REPORT_COLUMNS = ["Paper", "Scale", "Reported", "Metric", "Ours"]
 
 
-def load_results(results_dir="results") -> list[dict]:
-    """All results/<id>-<scale>.json, sorted by paper then scale; a corrupt one becomes a stale entry."""
+def load_results(results_dir="results", root=None) -> list[dict]:
+    """All results/<id>-<scale>.json, sorted by paper then scale; a corrupt one becomes a stale entry. Each
+    result also carries the paper's stored paper-scale result (ROOT/papers/paper_scale/<id>.json), if any."""
     results = []
     for path, paper_id, scale in result_files(results_dir):
         data, problem = read_result(path)
         results.append(data if problem is None else stale_result(paper_id, scale, path, problem))
+    stored = Path(root or default_root()) / "papers" / "paper_scale"
+    for r in results:
+        data, problem = read_result(stored / f"{r['paper']}.json")
+        r["paper_scale_result"] = data if problem is None and r["scale"] != "paper" else None
     return sorted(results, key=lambda r: (r["paper"], r["scale"]))
+
+
+def paper_scale_text(result: dict) -> str:
+    """The stored paper-scale run beside a smoke result: its headline verdict and, per headline claim, ours vs
+    the paper's number."""
+    stored = result.get("paper_scale_result")
+    if not stored:
+        return "—"
+    heads = [c for c in stored.get("claims") or [] if c.get("role") == HEADLINE]
+    pairs = "; ".join(f"{c['id']}: ours {ours(c)} vs paper {_paper_number(c)}" for c in heads)
+    return f"{verdict_label(stored)} ({pairs})" if pairs else verdict_label(stored)
 
 
 def fmt(value) -> str:
@@ -80,13 +97,13 @@ def headline_rows(result: dict) -> list[list[str]]:
     """One row per paper: its headline claims (several joined by ' · '), the paper's number, ours, the two
     settings, what was implemented, and the headline verdict with the supporting and check counts beside it."""
     if result["verdict"] == STALE:
-        return [[result["paper"], result["scale"], "—", "—", "—", "—", "—", f"{STALE}: corrupt result file"]]
+        return [[result["paper"], result["scale"], "—", "—", "—", "—", "—", f"{STALE}: corrupt result file", "—"]]
     heads = [c for c in result.get("claims") or [] if c.get("role") == HEADLINE]
     join = lambda f: " · ".join(f(c) for c in heads) or "—"
     extra = beside(result)
     return [[result["paper"], result["scale"], join(lambda c: f"{c['id']}: {c.get('text', '')} ({c['verdict']})"),
              join(_paper_number), join(ours), join(_setting), str(result.get("implementation") or "—"),
-             verdict_label(result) + (f" ({extra})" if extra else "")]]
+             verdict_label(result) + (f" ({extra})" if extra else ""), paper_scale_text(result)]]
 
 
 def _rows(result: dict) -> list[list[str]]:
@@ -307,7 +324,7 @@ def _paper_table(results: list[dict]) -> str:
                    f"{e(verdict_label(r))}</b>" + (f"<br><span class='muted'>{e(extra)}</span>" if extra else "")
                    + "</td>")
         rows.append(f"<tr data-v='{e(r['verdict'])}'><td>{link}</td><td>{e(r['scale'])}</td>{_headline_cells(r)}"
-                    f"<td>{e(str(r.get('implementation') or '—'))}</td>{verdict}</tr>")
+                    f"<td>{e(str(r.get('implementation') or '—'))}</td>{verdict}<td>{e(paper_scale_text(r))}</td></tr>")
     return f"<table class='papers'><tr>{head}</tr>{''.join(rows)}</table>"
 
 
@@ -348,10 +365,11 @@ def html_page(results: list[dict], results_dir: Path) -> str:
     return "\n".join(parts) + "\n"
 
 
-def build_report(results_dir="results") -> str:
-    """Write REPORT.md and index.html into `results_dir`; returns the markdown."""
+def build_report(results_dir="results", root=None) -> str:
+    """Write REPORT.md and index.html into `results_dir`; returns the markdown. `root`: the repository whose
+    papers/paper_scale/ holds the stored paper-scale results (default: the package's)."""
     results_dir = Path(results_dir)
-    results = load_results(results_dir)
+    results = load_results(results_dir, root)
     text = markdown(results, results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "REPORT.md").write_text(text)

@@ -1,0 +1,61 @@
+"""Paper scale: the feasibility table is current, every stored paper-scale result belongs to its claims file
+and notebook as they are now, and the board shows it beside the smoke verdict (scripts/paper_scale.py)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from fedlab_nb.repro import claims as C
+from fedlab_nb.repro.report import build_report
+from fedlab_nb.repro.runner import build_parameters, content_hash
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("paper_scale", ROOT / "scripts" / "paper_scale.py")
+paper_scale = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(paper_scale)
+STORED = sorted((ROOT / "papers" / "paper_scale").glob("*.json"))
+
+
+def test_the_feasibility_table_is_current():
+    assert (ROOT / "docs" / "paper_scale.md").read_text() == paper_scale.table(), \
+        "docs/paper_scale.md is out of date: run scripts/paper_scale.py"
+
+
+def test_the_table_covers_every_paper():
+    text = paper_scale.table()
+    assert all(f"| `{pid}` |" in text for pid in C.paper_ids(ROOT))
+
+
+@pytest.mark.parametrize("path", STORED, ids=lambda p: p.stem)
+def test_a_stored_paper_scale_result_matches_its_claims_file_and_notebook(path):
+    """The stored run was made from today's claims file and notebook with the paper scale's parameters (the
+    content hash `reproduce` uses to skip an up-to-date run), on the CPU, and gave the verdicts it stores."""
+    stored = json.loads(path.read_text())
+    paper = C.load_paper(path.stem, ROOT)
+    assert paper.paper_scale and paper.paper_scale["status"] == "runs here"
+    params, _ = build_parameters(paper, "paper", None, None)
+    assert stored["scale"] == "paper" and stored["parameters"] == json.loads(json.dumps(params, default=str))
+    assert stored["hash"] == content_hash(paper, params), \
+        f"{path.name} is stale: run `fedlab-nb reproduce {path.stem} --scale paper` and scripts/paper_scale.py store"
+    assert stored["error"] is None and {c["id"] for c in stored["claims"]} == {c.id for c in paper.claims}
+    for name in stored["figures"]:
+        assert (path.parent / name).is_file()
+
+
+def test_the_board_shows_the_stored_paper_scale_beside_smoke(tmp_path):
+    root = tmp_path / "root"
+    (root / "papers" / "paper_scale").mkdir(parents=True)
+    claim = {"id": "c", "role": "headline", "expect": "> 0", "verdict": C.NOT_REPRODUCED, "ours": 0.42,
+             "paper_value": "0.91 (Table 2)"}
+    stored = {"paper": "p", "scale": "paper", "verdict": C.NOT_REPRODUCED, "claims": [claim]}
+    (root / "papers" / "paper_scale" / "p.json").write_text(json.dumps(stored))
+    results = tmp_path / "results"
+    results.mkdir()
+    smoke = {"paper": "p", "scale": "smoke", "verdict": C.REPRODUCED, "claims": [dict(claim, verdict=C.REPRODUCED)]}
+    (results / "p-smoke.json").write_text(json.dumps(smoke))
+    text = build_report(results, root)
+    assert "| not reproduced at this scale (c: ours 0.42 vs paper 0.91 (Table 2)) |" in text
+    assert "ours 0.42 vs paper 0.91 (Table 2)" in (results / "index.html").read_text()
