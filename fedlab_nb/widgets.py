@@ -9,11 +9,13 @@ with logistic regression and ~15 rounds redraws in about a second on a laptop CP
 """
 from __future__ import annotations
 
+import html
 from functools import lru_cache
 
 import ipywidgets as w
 import matplotlib.pyplot as plt
 from IPython.display import display
+from matplotlib.ticker import FuncFormatter
 
 from .data import federate, load_dataset
 from .engine import History, simulate
@@ -22,6 +24,20 @@ from .methods import METHODS, get_method
 DATASETS = ("digits", "mnist5k", "mnist1d", "wine", "breast_cancer", "synthetic")
 PARTITIONS = ("iid", "dirichlet", "shards", "pathological", "quantity_skew", "natural")
 MODELS = ("logreg", "mlp")
+
+# registry methods the explorer does not offer, and why: each needs an input the explorer's controls do not give
+NOT_OFFERED = {
+    "fed_pub": "a graph federation (FED-PUB's own configuration)",
+    "fedbn": "a model with batch-norm layers", "fedsa_lora": "a model with LoRA factors",
+    "pfedpara": "a FedPara-factorised model", "fedins": "an SSF-pooled backbone",
+    "fedce": "a model and a validation set", "fedftg": "a model for its generator", "fedka": "a target domain",
+    "fedlaw": "a proxy set", "fedld": "a model", "inco": "a network of stages", "ldawa": "a model",
+    "prowd": "a model and bit widths", "feddisco": "the federation's label histograms",
+    "fedgp": "a target client sampled every round", "fedlabel": "unlabelled client data",
+    "fedloge": "a representation layer (mlp or cnn)", "fedproto": "a representation layer (mlp or cnn)",
+    "fedrod": "a representation layer (mlp or cnn)", "moon": "a representation layer (mlp or cnn)",
+}
+EXPLORABLE = tuple(m for m in METHODS if m not in NOT_OFFERED)
 
 DEFAULTS = dict(method="fedavg", dataset="digits", partition="dirichlet", alpha=0.3, k=2, clients=20,
                 clients_per_round=10, local_epochs=1, rounds=15, seed=0, model="logreg", lr=0.1, mu=0.1)
@@ -53,7 +69,10 @@ def check_config(method: str, dataset: str, partition: str, alpha: float, k: int
                  clients_per_round: int, local_epochs: int, rounds: int, seed: int, model: str = "logreg",
                  lr: float = 0.1, mu: float = 0.1, device: str = "cpu") -> None:
     """Raise ValueError naming the setting and the fix when the explorer's values cannot run."""
-    _choice("method", method, tuple(METHODS))
+    if method in NOT_OFFERED:
+        raise ValueError(f"method={method!r} needs {NOT_OFFERED[method]}, which the explorer does not set up; run it "
+                         f"from its own notebook, or choose one of {', '.join(EXPLORABLE)}")
+    _choice("method", method, EXPLORABLE)
     _choice("dataset", dataset, DATASETS)
     _choice("partition", partition, PARTITIONS)
     _choice("model", model, MODELS)
@@ -95,7 +114,7 @@ def run_explorer_config(method: str = "fedavg", dataset: str = "digits", partiti
 
 def _label(values: dict) -> str:
     part = values["partition"]
-    knob = {"dirichlet": f" α={values['alpha']:g}", "quantity_skew": f" α={values['alpha']:g}",
+    knob = {"dirichlet": f" α={values['alpha']:.2g}", "quantity_skew": f" α={values['alpha']:.2g}",
             "shards": f" k={values['k']}", "pathological": f" k={values['k']}"}.get(part, "")
     return f"{values['method']} · {values['dataset']} · {part}{knob} · seed {values['seed']}"
 
@@ -122,6 +141,9 @@ def plot_runs(runs: list[tuple]):
         loss_ax.plot(hist["round"], hist["train_loss"], **style)
     acc_ax.set(xlabel="round", ylabel="test accuracy", ylim=(0, 1))
     loss_ax.set(xlabel="round", ylabel="train loss", yscale="log")
+    plain = FuncFormatter(lambda v, _: f"{v:.3g}")  # '2', '0.5' rather than '2×10⁰'
+    loss_ax.yaxis.set_major_formatter(plain)
+    loss_ax.yaxis.set_minor_formatter(plain)
     acc_ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig
@@ -149,7 +171,7 @@ class Explorer(w.VBox):
                [("clients", 100), ("clients_per_round", 100), ("local_epochs", 10), ("rounds", 100), ("k", 10)]}
         slider = dict(continuous_update=False, style={"description_width": "120px"})
         self.controls = {
-            "method": w.Dropdown(options=list(METHODS), value=v["method"], description="method", **_no_cu(slider)),
+            "method": w.Dropdown(options=list(EXPLORABLE), value=v["method"], description="method", **_no_cu(slider)),
             "dataset": w.Dropdown(options=DATASETS, value=v["dataset"], description="dataset", **_no_cu(slider)),
             "partition": w.Dropdown(options=PARTITIONS, value=v["partition"], description="partition", **_no_cu(slider)),
             "alpha": w.FloatLogSlider(value=v["alpha"], base=10, min=-2, max=3, step=0.1, description="α (Dirichlet)", **slider),
@@ -201,9 +223,9 @@ class Explorer(w.VBox):
         self.status.value = "<i>running…</i>"
         try:
             hist = run_explorer_config(**values)
-        except ValueError as e:  # e.g. more clients per round than clients: say so, keep the old plot
-            self.error = str(e)
-            self.status.value = f"<span style='color:#b00'>{e}</span>"
+        except Exception as e:  # say so in the widget, keep the old plot: never a silent "running…"
+            self.error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+            self.status.value = f"<span style='color:#b00'>{html.escape(self.error)}</span>"
             return None
         self.error = None
         self.history = hist
