@@ -293,13 +293,30 @@ def test_board_opens_in_the_browser(tmp_path):
         browser = _launch(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.goto((results / "index.html").as_uri())
         body = page.inner_text("body")
         assert "1 papers, by headline verdict: 1 partially reproduced" in body
         assert page.locator("table.summary").count() == 1 and page.locator("table.papers tr").count() == 2
-        assert page.locator("section.paper").count() == 1 and "value_large" in body
-        page.click("label[for='f0']")  # the filter: only papers with the first verdict present stay visible
-        assert page.locator("section.paper").first.is_visible()
+        paper = page.locator("details.paper")
+        assert paper.count() == 1 and paper.first.get_attribute("open") is None  # collapsed by default
+        assert not page.locator("tr.claim").first.is_visible()
+        paper.locator("summary").click()  # expand: the claims and the lazy figure load
+        assert page.locator("tr.claim", has_text="value_large").is_visible()
+        page.wait_for_function("document.querySelector('.figs img') && document.querySelector('.figs img').complete "
+                               "&& document.querySelector('.figs img').naturalWidth > 0")
+        page.select_option("#role", "check")  # claim-level filter: only the check stays
+        assert page.locator("tr.claim", has_text="double_is_twice").is_visible()
+        assert not page.locator("tr.claim", has_text="value_large").is_visible()
+        page.select_option("#role", "")
+        page.fill("#q", "no such words")  # search: nothing matches, the paper and its first-table row hide
+        assert not paper.first.is_visible() and not page.locator("table.papers tr[data-v]").first.is_visible()
+        page.fill("#q", "huge")
+        assert page.locator("tr.claim", has_text="value_huge").is_visible()
+        assert not page.locator("tr.claim", has_text="value_positive").is_visible()
+        assert page.inner_text("#count") == "1 papers shown"
+        page.locator("details.legend summary").click()
+        assert "paired margin" in page.inner_text("details.legend")
         page.screenshot(path=str(SHOTS / "board.png"), full_page=False)
         browser.close()
     assert not errors, errors

@@ -277,7 +277,7 @@ def test_reproduce_and_report_end_to_end(tmp_path):
            "is large (partially reproduced) | none: a fixture: there is no paper · 1.0 (Eq. 2) | 0.5 · 0.5 | " in text
     assert "| paper | partially reproduced (supporting 0/1 reproduced; checks 1/1 hold) |" in text
     page = (out / "index.html").read_text()
-    assert "data:image/png;base64," in page and "partially reproduced" in page
+    assert 'loading="lazy"' in page and 'src="tiny-smoke/main.png"' in page and "partially reproduced" in page
     assert (out / "REPORT.md").read_text() == text
 
     # up to date -> skipped without running; a changed parameter or --force runs again

@@ -1,7 +1,6 @@
 """The reproducibility board: every results/<id>-<scale>.json as REPORT.md and a self-contained index.html."""
 from __future__ import annotations
 
-import base64
 import html
 from pathlib import Path
 from urllib.parse import quote
@@ -239,8 +238,9 @@ def markdown(results: list[dict], results_dir=None) -> str:
 
 
 def _img(figure: str, path: Path) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img tabindex="0" alt="{html.escape(figure)}" title="click to enlarge" src="data:image/png;base64,{data}">'
+    """A figure linked beside index.html (results/<id>-<scale>/main.png), loaded only when its section opens."""
+    src = html.escape(quote(Path(figure).as_posix()))
+    return f'<img tabindex="0" loading="lazy" alt="{html.escape(figure)}" title="click to enlarge" src="{src}">'
 
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:78em;padding:0 1em;color:#222}"
@@ -251,13 +251,9 @@ STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:78em
          ".figs img:focus{max-width:none;cursor:zoom-out;outline:none}.muted{color:#666;font-size:.9em}"
          "table.papers{font-size:.9em}.hv{min-width:11em}"
          ".summary td,.summary th{text-align:center}.summary td:first-child{text-align:left}"
-         "input.f{display:none}label.f{margin:0 .3em .3em 0;padding:.3em .8em;border:1px solid #bbb;"
-         "border-radius:1em;cursor:pointer;display:inline-block}input.f:checked+label.f{background:#333;color:#fff}")
-
-
-def _filter_css(verdicts: list[str]) -> str:
-    """Pure-CSS filter (no script in the page): the checked radio hides every paper of another verdict."""
-    return "".join(f"#f{i}:checked~main .paper:not([data-v='{v}']){{display:none}}" for i, v in enumerate(verdicts))
+         "details.paper{border-top:1px solid #ddd;padding:.4em 0}details.paper>summary{cursor:pointer;font-size:1.1em}"
+         ".cite{color:#555;font-size:.85em}.controls{position:sticky;top:0;background:#fff;padding:.5em 0;z-index:1}"
+         ".controls input{width:22em;padding:.3em}dl{font-size:.9em}dt{font-weight:bold;margin-top:.4em}")
 
 
 def _summary_table(results: list[dict]) -> str:
@@ -283,12 +279,15 @@ def _claim_rows(r: dict) -> list[str]:
         metric = e(str(claim.get("metric") or "—"))
         refs = references(claim, metrics)
         expect = e(row[6]) + (f"<br><span class='muted'>{e(refs)}</span>" if refs else "")
-        out.append(f"<tr><td>{e(row[2])}</td><td>{what}</td><td><code>{metric}</code></td><td>{e(row[5])}</td>"
+        search = e(f"{claim.get('id', '')} {claim.get('text', '')} {claim.get('metric', '')}".lower())
+        out.append(f"<tr class='claim' data-role='{e(row[2])}' data-v='{e(claim['verdict'])}' data-s='{search}'>"
+                   f"<td>{e(row[2])}</td><td>{what}</td><td><code>{metric}</code></td><td>{e(row[5])}</td>"
                    f"<td>{e(row[4])}</td><td>{expect}</td><td class='v' style='background:{colour}'>{e(row[7])}</td></tr>")
         if claim.get("note") and claim["verdict"] != REPRODUCED:  # a negative result carries its explanation
-            out.append(f"<tr><td class='note' colspan='7'>{e(str(claim['note']))}</td></tr>")
+            out.append(f"<tr class='noterow'><td class='note' colspan='7'>{e(str(claim['note']))}</td></tr>")
     for row in _report_rows(r):
-        out.append(f"<tr><td>reported</td><td>{e(row[2])}</td><td><code>{e(row[3])}</code></td><td>{e(row[4])}</td>"
+        out.append(f"<tr class='claim' data-role='reported' data-v='reported' data-s='{e(row[2].lower())}'>"
+                   f"<td>reported</td><td>{e(row[2])}</td><td><code>{e(row[3])}</code></td><td>{e(row[4])}</td>"
                    "<td colspan='3' class='muted'>no verdict: a number shown, not a claim</td></tr>")
     return out
 
@@ -323,29 +322,93 @@ def _paper_table(results: list[dict]) -> str:
         verdict = (f"<td class='hv' style='border-left:6px solid {colour}'><b style='color:{colour}'>"
                    f"{e(verdict_label(r))}</b>" + (f"<br><span class='muted'>{e(extra)}</span>" if extra else "")
                    + "</td>")
-        rows.append(f"<tr data-v='{e(r['verdict'])}'><td>{link}</td><td>{e(r['scale'])}</td>{_headline_cells(r)}"
+        rows.append(f"<tr data-v='{e(r['verdict'])}' data-id='{e(r['paper'])}-{e(r['scale'])}'><td>{link}</td><td>{e(r['scale'])}</td>{_headline_cells(r)}"
                     f"<td>{e(str(r.get('implementation') or '—'))}</td>{verdict}<td>{e(paper_scale_text(r))}</td></tr>")
     return f"<table class='papers'><tr>{head}</tr>{''.join(rows)}</table>"
 
 
+LEGEND = (
+    ("headline", "what the paper's abstract or introduction claims; the paper's verdict comes from these alone"),
+    ("supporting", "other results of the paper, ablations and our diagnostics, counted beside the verdict"),
+    ("check", "an identity, exact special case or byte count: it tests our code, not the paper (single run, exact)"),
+    ("reported", "a number shown without a verdict (it could not fail, so it is not a claim)"),
+    ("construct", "our own rule where the paper's could not be read: its verdict never counts as the paper reproduced"),
+    (REPRODUCED, "the expectation holds; for a seeded claim, the one-sided interval lies on the expected side"),
+    (NOT_REPRODUCED, "the expectation fails at our (small) scale: a finding at this scale, not a verdict on the paper "
+                     "at its own"),
+    (INCONCLUSIVE, "the seed interval straddles the bound: more seeds or a larger scale would decide it"),
+    (PARTIAL, "the expectation fails but its stated weaker form holds"),
+    ("n=5, 90% one-sided", "mean ± half-width over n seeds; each side is a 90 % one-sided confidence bound"),
+    ("paired margin", "metric minus its bound taken seed by seed (the shared seed cancels), with its interval"),
+    ("at this scale", "smoke scale: the paper's idea on small data in about 90 s; see the paper-scale column"),
+    ("paper scale", "the paper's own setting run on this CPU and stored (docs/paper_scale.md)"),
+    (STALE, "a result file that could not be read; reproduce the paper again"),
+    (ERROR, "the notebook failed or a metric was not recorded"),
+)
+
+SCRIPT = """<script>
+function applyFilters(){
+  const q=document.getElementById('q').value.trim().toLowerCase();
+  const role=document.getElementById('role').value, v=document.getElementById('verdict').value;
+  const active=q||role||v;
+  document.querySelectorAll('details.paper').forEach(d=>{
+    let shown=0;
+    d.querySelectorAll('tr.claim').forEach(tr=>{
+      const ok=(!role||tr.dataset.role===role)&&(!v||tr.dataset.v===v)&&
+               (!q||tr.dataset.s.includes(q)||d.dataset.s.includes(q));
+      tr.hidden=!ok; const note=tr.nextElementSibling;
+      if(note&&note.classList.contains('noterow')) note.hidden=!ok;
+      if(ok) shown++;
+    });
+    d.hidden=active&&!shown; if(active&&shown) d.open=true;
+  });
+  document.querySelectorAll('table.papers tr[data-v]').forEach(tr=>{
+    const d=document.getElementById(tr.dataset.id); tr.hidden=d?d.hidden:false;
+  });
+  document.getElementById('count').textContent=
+    document.querySelectorAll('details.paper:not([hidden])').length+' papers shown';
+}
+</script>"""
+
+
+def _controls(results: list[dict]) -> str:
+    """Search box, role and verdict filters (claim level), and the legend of every term on the board."""
+    e = html.escape
+    verdicts = sorted({c["verdict"] for r in results for c in r.get("claims") or []} | {"reported"})
+    options = lambda values: "<option value=''>all</option>" + "".join(f"<option>{e(v)}</option>" for v in values)
+    legend = "".join(f"<dt>{e(term)}</dt><dd>{e(text)}</dd>" for term, text in LEGEND)
+    return ("<div class='controls'><input id='q' type='search' placeholder='search papers and claims' "
+            "oninput='applyFilters()'> role <select id='role' onchange='applyFilters()'>"
+            f"{options([HEADLINE, SUPPORTING, CHECK, 'reported'])}</select> verdict <select id='verdict' "
+            f"onchange='applyFilters()'>{options(verdicts)}</select> <span id='count' class='muted'></span></div>"
+            f"<details class='legend'><summary>How to read this board</summary><dl>{legend}</dl></details>")
+
+
+def _citation(r: dict) -> str:
+    e, c = html.escape, r.get("citation") if isinstance(r.get("citation"), dict) else {}
+    title = e(str(r.get("title") or r.get("method") or ""))
+    url = c.get("url")
+    if isinstance(url, str) and url.startswith(("https://", "http://")):
+        title = f"<a href='{e(url)}'>{title}</a>"
+    who = ", ".join(e(str(c[k])) for k in ("authors", "venue", "year") if c.get(k))
+    return f"<span class='cite'>{title}{' — ' + who if who else ''}</span>"
+
+
 def html_page(results: list[dict], results_dir: Path) -> str:
     e = html.escape
-    present = [v for v in COLOURS if any(r["verdict"] == v for r in results)]
-    radios = "".join(f"<input class='f' type='radio' name='f' id='f{i}'><label class='f' for='f{i}'>{e(v)}</label>"
-                     for i, v in enumerate(present))
     parts = ["<!doctype html><meta charset='utf-8'><title>fedlab_nb reproducibility report</title>",
-             f"<style>{STYLE}{_filter_css(present)}</style>",
+             f"<style>{STYLE}</style>", SCRIPT,
              "<h1>Reproducibility report</h1>",
              "<p>" + "<br>".join(e(x) for x in summary_lines(results)) + "</p>",
+             _controls(results),
              "<h2>Papers: the headline verdict</h2>", _paper_table(results),
-             "<h2>By chapter</h2>", _summary_table(results),
-             "show: <input class='f' type='radio' name='f' id='fall' checked><label class='f' for='fall'>all</label>"
-             + radios, "<main>"]
+             "<h2>By chapter</h2>", _summary_table(results), "<h2>Every paper (click to open)</h2>", "<main>"]
     for r in sorted(results, key=lambda r: (chapter(r["paper"]), r["paper"], r["scale"])):
         colour = COLOURS.get(r["verdict"], "#000")
-        parts.append(f"<section class='paper' id='{e(r['paper'])}-{e(r['scale'])}' data-v='{e(r['verdict'])}'>")
-        parts.append(f"<h2>{e(r['paper'])} ({e(r['scale'])}) — "
-                     f"<span style='color:{colour}'>{e(verdict_label(r))}</span></h2>")
+        search = e(f"{r['paper']} {r.get('title') or ''} {r.get('method') or ''}".lower())
+        parts.append(f"<details class='paper' id='{e(r['paper'])}-{e(r['scale'])}' data-v='{e(r['verdict'])}' "
+                     f"data-s='{search}'><summary><b>{e(r['paper'])}</b> ({e(r['scale'])}) — "
+                     f"<span style='color:{colour}'>{e(verdict_label(r))}</span> · {_citation(r)}</summary>")
         notebook = r.get("notebook")
         link = (f" · <a href='{e(quote(notebook))}'>executed notebook</a>"
                 if isinstance(notebook, str) and not Path(notebook).is_absolute() and ".." not in Path(notebook).parts
@@ -360,8 +423,8 @@ def html_page(results: list[dict], results_dir: Path) -> str:
         parts += _claim_rows(r)
         parts.append("</table>")
         parts.append("<div class='figs'>" + "".join(_img(f, p) for f, p in _figures(r, results_dir)) + "</div>")
-        parts.append("</section>")
-    parts.append("</main>")
+        parts.append("</details>")
+    parts.append("</main><script>applyFilters()</script>")
     return "\n".join(parts) + "\n"
 
 
