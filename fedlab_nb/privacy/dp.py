@@ -39,7 +39,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ..core.messages import Transform
+from ..core.messages import Messages, Transform
 from ..core.streams import register_stream
 from ..core.method import weighted_mean
 from . import accounting
@@ -153,6 +153,7 @@ class DPAggregate:
     clip_lr: float = 0.2
     clip_count_stddev: float | None = None
     uses_context = True
+    empty_rounds = "noise"  # a round nobody is sampled in still releases θ + N(0, σ²) (engine.server.quiet_round)
 
     def __post_init__(self):
         if isinstance(self.noise_multiplier, bool) or not isinstance(self.noise_multiplier, (int, float)) \
@@ -251,6 +252,8 @@ class DPAggregate:
     def _next_clip(self, state: dict, info) -> float:
         """C ← C · exp(−η_C (b̄ − γ)), b̄ the noised unclipped fraction (Andrew et al. 2021)."""
         msgs = info.messages
+        if len(info.client_ids) == 0:  # nobody sampled (or every update dropped): the count is noise alone
+            msgs = Messages({BITS_KEY: torch.zeros(0)}, info.client_ids)
         if msgs is None or BITS_KEY not in msgs:
             raise ValueError("adaptive clipping needs each client's clip bit: put ClipUpdates(clip_norm=None) in the "
                              "method's uplink (dp_fedavg(adaptive=True) does)")
@@ -396,6 +399,7 @@ class LocalDPAccounting:
         return weighted_mean(deltas, weights), {"participations": counts}
 
     uses_context = True
+    empty_rounds = "metrics"  # a round nobody is sampled in spends nothing but still reports ε
 
     def metrics(self, state):
         n = int(state["participations"].max()) if len(state["participations"]) else 0
