@@ -81,11 +81,13 @@ def _device(text: str) -> str:
 
 
 def _root(args) -> Path:
-    return Path(args.root) if args.root else C.default_root()
+    """The repository root, absolute: resolved once against the caller's directory (papermill changes it)."""
+    return (Path(args.root) if args.root else C.default_root()).absolute()
 
 
 def _results(args, root: Path) -> Path:
-    return Path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results")
+    """The results folder, absolute (a relative --results or $FEDLAB_NB_RESULTS is the caller's)."""
+    return Path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results").absolute()
 
 
 def _registry() -> dict:

@@ -66,3 +66,27 @@ def test_non_dp_empty_rounds_are_unchanged(fed10):
     empty = np.flatnonzero(h["n_sampled"].to_numpy() == 0)
     assert len(empty) and all(torch.equal(seen[r + 1], seen[r]) for r in empty)
     assert h["train_loss"].iloc[empty].isna().all()
+
+
+# (2) a relative --results (or $FEDLAB_NB_RESULTS) is the caller's, resolved once ------------------------------
+def cli_root(tmp_path):
+    import shutil
+    from pathlib import Path
+    root = tmp_path / "root"
+    shutil.copytree(Path(__file__).parent / "data" / "tinyroot", root)
+    return root
+
+
+@pytest.mark.notebook
+def test_reproduce_with_a_relative_results_folder(tmp_path, monkeypatch, capsys):
+    import json
+    from fedlab_nb.cli import main
+    root = cli_root(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--root", "root", "--results", "res", "reproduce", "tiny"]) == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "res" / "tiny-smoke.json").read_text())
+    assert result["verdict"] == "partially reproduced" and (tmp_path / "res" / "tiny-smoke.kernel.log").is_file()
+    assert not (root / "notebooks" / "res").exists()
+    monkeypatch.setenv("FEDLAB_NB_RESULTS", "env_res")
+    assert main(["--root", str(root), "lab", "--dry-run"]) == 0
+    assert f"--ServerApp.root_dir={tmp_path / 'env_res' / 'lab'}" in capsys.readouterr().out

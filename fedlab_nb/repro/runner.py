@@ -129,7 +129,7 @@ def _environment(**values: str):
 def _out_dir(out_dir, root: Path) -> Path:
     if out_dir is None:
         out_dir = os.environ.get("FEDLAB_NB_RESULTS") or root / "results"
-    return Path(out_dir)
+    return Path(out_dir).absolute()  # once, against the caller's directory: papermill runs in the notebook's
 
 
 def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = None, device: str | None = None,
@@ -138,7 +138,7 @@ def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = 
 
     A notebook that raises does not raise here: `error` holds the failing cell index, exception name and
     message, and the executed notebook (with the traceback) is still saved."""
-    root = Path(root or default_root())
+    root = Path(root or default_root()).absolute()
     paper = load_paper(paper_id, root)
     params, _ = build_parameters(paper, scale, parameters, device)
     return _execute(paper, scale, params, run_folder(paper.id, scale, params, _out_dir(out_dir, root)), progress)
@@ -257,7 +257,7 @@ def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, paramete
     """Run the notebook, check every claim, write results/<id>-<scale>.json and return it.
 
     An up-to-date result (same hash, not an error) is returned as is with `skipped: True` unless `force`."""
-    root = Path(root or default_root())
+    root = Path(root or default_root()).absolute()
     out_dir = _out_dir(out_dir, root)
     paper = load_paper(paper_id, root)
     params, defaults = build_parameters(paper, scale, parameters, device)
