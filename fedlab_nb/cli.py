@@ -272,12 +272,12 @@ def cmd_lab(args) -> int:
     """Copy notebooks/*.ipynb into results/lab/ (keeping copies a user already changed, unless --fresh) and
     start JupyterLab there: the executed cells and their outputs stay out of the tracked notebooks."""
     import shutil
+    from fedlab_nb.repro.files import make_folder, refuse_link
     root = _root(args)
-    target = _results(args, root) / "lab"
-    target.mkdir(parents=True, exist_ok=True)
+    target = make_folder(_results(args, root) / "lab")
     copied = 0
     for nb in sorted((root / "notebooks").glob("*.ipynb")):
-        dest = target / nb.name
+        dest = refuse_link(target / nb.name)  # a link there would make the copy overwrite its target
         if args.fresh or not dest.exists():
             shutil.copyfile(nb, dest)
             copied += 1

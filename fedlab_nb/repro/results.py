@@ -76,9 +76,26 @@ def safe_figure(results_dir, figure) -> Path | None:
         return path if f.read(len(PNG_MAGIC)) == PNG_MAGIC else None
 
 
+def safe_output(results_dir, name) -> Path | None:
+    """The file a result's `outputs` entry names, if it is a regular file inside `results_dir` (no absolute
+    path, no '..', no link out of the folder, no device such as /dev/zero), else None."""
+    if not isinstance(name, str) or not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
+        return None
+    base = Path(results_dir).resolve()
+    try:
+        path = (base / name).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return path if path.is_relative_to(base) and path.is_file() else None
+
+
 def file_digest(path) -> str | None:
     """sha256 of a file, None when it does not exist (used to tell whether outputs were overwritten)."""
+    h = hashlib.sha256()
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
     except OSError:
         return None
+    return h.hexdigest()
