@@ -90,3 +90,136 @@ def test_reproduce_with_a_relative_results_folder(tmp_path, monkeypatch, capsys)
     monkeypatch.setenv("FEDLAB_NB_RESULTS", "env_res")
     assert main(["--root", str(root), "lab", "--dry-run"]) == 0
     assert f"--ServerApp.root_dir={tmp_path / 'env_res' / 'lab'}" in capsys.readouterr().out
+
+
+# (3) never through a link; paths from files confined; scale names and requires validated ---------------------
+def cli_args(tmp_path, root):
+    return ["--root", str(root), "--results", str(tmp_path / "results")]
+
+
+def test_reproduce_refuses_a_link_in_the_results_folder(tmp_path, capsys):
+    from fedlab_nb.cli import main
+    root, victim = cli_root(tmp_path), tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.png").write_bytes(b"precious")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "tiny-smoke").symlink_to(victim)
+    assert main(cli_args(tmp_path, root) + ["reproduce", "tiny"]) == 1
+    err = capsys.readouterr().err
+    assert "tiny-smoke is a symbolic link" in err and "Traceback" not in err
+    assert (victim / "keep.png").read_bytes() == b"precious" and [p.name for p in victim.iterdir()] == ["keep.png"]
+    (tmp_path / "results" / "tiny-smoke").unlink()
+    (tmp_path / "results" / "tiny-smoke.json").symlink_to(victim / "keep.png")
+    assert main(cli_args(tmp_path, root) + ["run", "tiny"]) in (0, 1)  # run has its own folder: not affected
+    capsys.readouterr()
+    assert main(cli_args(tmp_path, root) + ["reproduce", "tiny", "--force"]) == 1
+    assert "tiny-smoke.json is a symbolic link" in capsys.readouterr().err
+    assert (victim / "keep.png").read_bytes() == b"precious"
+
+
+def test_lab_refuses_a_link_to_a_notebook_copy(tmp_path, capsys):
+    from fedlab_nb.cli import main
+    root, victim = cli_root(tmp_path), tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "results" / "lab").mkdir(parents=True)
+    (tmp_path / "results" / "lab" / "tiny.ipynb").symlink_to(victim)
+    assert main(cli_args(tmp_path, root) + ["lab", "--dry-run", "--fresh"]) == 1
+    assert "tiny.ipynb is a symbolic link" in capsys.readouterr().err and victim.read_text() == "precious"
+
+
+def edited_root(tmp_path, edit):
+    import yaml
+    root = cli_root(tmp_path)
+    path = root / "papers" / "tiny.yaml"
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return root
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["scales"].update({"../../../x": d["scales"]["smoke"]}), "is not an identifier"),
+    (lambda d: d.update(notebook="/etc/passwd"), "relative to the repository root"),
+    (lambda d: d.update(notebook="../outside.ipynb"), "relative to the repository root"),
+])
+def test_claims_file_paths_and_scale_names_are_confined(tmp_path, edit, match):
+    from fedlab_nb.repro import claims as C
+    root = edited_root(tmp_path, edit)
+    with pytest.raises(C.ClaimsFileError, match=match):
+        C.load_paper("tiny", root)
+
+
+def test_notebook_link_out_of_the_repository_and_path_like_scale_are_refused(tmp_path):
+    from fedlab_nb.repro import claims as C
+    from fedlab_nb.repro.files import UnsafePathError
+    from fedlab_nb.repro.runner import ParameterError, check_scale, notebook_path
+    root = cli_root(tmp_path)
+    outside = tmp_path / "outside.ipynb"
+    (root / "notebooks" / "tiny.ipynb").rename(outside)
+    (root / "notebooks" / "tiny.ipynb").symlink_to(outside)
+    with pytest.raises(UnsafePathError, match="outside the repository"):
+        notebook_path(C.load_paper("tiny", root))
+    for bad in ("../x", "a/b", "", "x" * 65, 3):
+        with pytest.raises(ParameterError, match="not an identifier"):
+            check_scale(bad)
+
+
+def test_result_outputs_are_confined_to_the_results_folder(tmp_path):
+    from fedlab_nb.repro.results import safe_output
+    from fedlab_nb.repro.runner import _outputs_intact
+    (tmp_path / "ok.txt").write_text("x")
+    (tmp_path / "link").symlink_to("/dev/zero")
+    for bad in ("/dev/zero", "../ok.txt", "link", "", None, "missing"):
+        assert safe_output(tmp_path, bad) is None
+    assert safe_output(tmp_path, "ok.txt") == (tmp_path / "ok.txt").resolve()
+    assert not _outputs_intact({"outputs": {"/dev/zero": "0" * 64}}, tmp_path)  # returns at once, reads nothing
+
+
+def test_requires_entries_are_module_names_and_nothing_is_imported(tmp_path):
+    import sys
+    from fedlab_nb.repro import claims as C
+    paper = C.load_paper("tiny", edited_root(tmp_path, lambda d: d.update(requires=["this.x", "json.nope"])))
+    sys.modules.pop("this", None)
+    assert C.missing_requirements(paper) == [] and "this" not in sys.modules  # 'this' prints the Zen on import
+    for bad in ("..x", 1, None, "", "a b", "x."):
+        paper = C.load_paper("tiny", edited_root(tmp_path / str(id(bad)), lambda d: d.update(requires=[bad])))
+        with pytest.raises(C.ClaimsFileError, match="requires"):
+            C.missing_requirements(paper)
+
+
+# (4) one run of a paper at a time; a killed run leaves the old result intact ---------------------------------
+def old_result(results):
+    (results / "tiny-smoke").mkdir(parents=True)
+    (results / "tiny-smoke" / "main.png").write_bytes(b"old figure")
+    (results / "tiny-smoke.json").write_text('{"old": true}')
+
+
+def test_a_second_run_of_the_same_paper_is_refused_naming_the_first(tmp_path, capsys):
+    from fedlab_nb.cli import main
+    from fedlab_nb.repro.files import run_lock
+    root, results = cli_root(tmp_path), tmp_path / "results"
+    old_result(results)
+    with run_lock(results, "tiny", "paper"):
+        assert main(cli_args(tmp_path, root) + ["reproduce", "tiny"]) == 1
+        err = capsys.readouterr().err
+        assert "another run of tiny" in err and "scale paper" in err and "process" in err
+        assert main(cli_args(tmp_path, root) + ["run", "tiny"]) == 1
+        assert "another run of tiny" in capsys.readouterr().err
+    assert (results / "tiny-smoke" / "main.png").read_bytes() == b"old figure"
+    assert not (results / "tiny.lock").exists()  # released (and removed) on the way out
+
+
+def test_a_killed_run_leaves_the_old_result_and_its_figures(tmp_path, monkeypatch):
+    import papermill
+    from fedlab_nb.repro.runner import reproduce
+    root, results = cli_root(tmp_path), tmp_path / "results"
+    old_result(results)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # as if the run were stopped while the kernel runs
+    monkeypatch.setattr(papermill, "execute_notebook", killed)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce("tiny", "smoke", force=True, out_dir=results, root=root)
+    assert (results / "tiny-smoke" / "main.png").read_bytes() == b"old figure"
+    assert (results / "tiny-smoke.json").read_text() == '{"old": true}'
+    assert sorted(p.name for p in results.iterdir()) == ["tiny-smoke", "tiny-smoke.json"]
