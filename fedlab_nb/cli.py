@@ -148,11 +148,29 @@ def cmd_list(args) -> int:
     return status
 
 
+class Yaml12Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 core-schema scalars (PyYAML speaks 1.1): `1e-3` is a float, `010` is 10,
+    `0o17` is 15; `2024-01-01`, `yes`, `on` and `1:20` stay strings."""
+
+
+Yaml12Loader.yaml_implicit_resolvers = {}
+for _tag, _pattern, _first in [
+        ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+        ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
+        ("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+         "-+0123456789."),
+        ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""])]:
+    Yaml12Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(_pattern), list(_first))
+Yaml12Loader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: int(
+    loader.construct_scalar(node), 0 if loader.construct_scalar(node)[:2] in ("0o", "0x") else 10))
+
+
 def _parse_parameters(pairs) -> dict:
+    """-p NAME VALUE pairs; VALUE is YAML 1.2 (0.1 and 1e-3 -> float, true -> bool, [1, 2] -> list, else a string)."""
     params = {}
     for name, text in pairs:
         try:
-            params[name] = yaml.safe_load(text)
+            params[name] = yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError:
             params[name] = text
     return params
@@ -241,6 +259,10 @@ def _reproduce_paper(pid: str, opts: dict) -> tuple:
         err.append(f"  notebook failed in cell {e['cell']}: {e['ename']}: {e['evalue']}")
         code = 1
     out += [f"  {c['id']}: {c['verdict']}" + (f" ({c['reason']})" if c.get("reason") else "") for c in r["claims"]]
+    errored = [c["id"] for c in r["claims"] if c["verdict"] == C.ERROR]
+    if errored and not r["error"]:  # a claim that cannot be judged fails the run at every scale
+        err.append(f"  {len(errored)} claim(s) could not be judged: {', '.join(errored)} (see the reasons above)")
+        code = 1
     if scale == "smoke" and not r["error"]:  # stored verdicts are smoke-scale verdicts
         wrong = mismatches(r)
         err += [f"  MISMATCH {line}" for line in wrong]

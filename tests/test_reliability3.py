@@ -223,3 +223,26 @@ def test_a_killed_run_leaves_the_old_result_and_its_figures(tmp_path, monkeypatc
     assert (results / "tiny-smoke" / "main.png").read_bytes() == b"old figure"
     assert (results / "tiny-smoke.json").read_text() == '{"old": true}'
     assert sorted(p.name for p in results.iterdir()) == ["tiny-smoke", "tiny-smoke.json"]
+
+
+# (5) exit status when a claim errors at any scale; -p values are YAML 1.2 -------------------------------------
+@pytest.mark.notebook
+def test_reproduce_fails_when_a_claim_errors_at_a_non_smoke_scale(tmp_path, capsys):
+    from fedlab_nb.cli import main
+
+    def add_unjudgeable(d):
+        d["claims"].append({"id": "unrecorded", "text": "a metric nobody records", "metric": "nowhere",
+                            "expect": "> 0", "verdict": "reproduced"})
+    root = edited_root(tmp_path, add_unjudgeable)
+    assert main(cli_args(tmp_path, root) + ["reproduce", "tiny", "--scale", "paper"]) == 1
+    captured = capsys.readouterr()
+    assert "unrecorded: error" in captured.out and "could not be judged: unrecorded" in captured.err
+
+
+def test_parameter_values_follow_yaml_1_2():
+    from fedlab_nb.cli import _parse_parameters
+    got = _parse_parameters([["lr", "1e-3"], ["day", "2024-01-01"], ["n", "010"], ["flag", "yes"], ["ok", "true"],
+                             ["xs", "[1, 2.5, 1E3]"], ["big", "-2.5e+2"], ["none", "null"], ["t", "1:20"]])
+    assert got == {"lr": 0.001, "day": "2024-01-01", "n": 10, "flag": "yes", "ok": True, "xs": [1, 2.5, 1000.0],
+                   "big": -250.0, "none": None, "t": "1:20"}
+    assert isinstance(got["lr"], float) and isinstance(got["day"], str)
