@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from fedlab_nb.repro import claims as C
-from fedlab_nb.repro.results import StaleResultWarning, read_result, result_files
+from fedlab_nb.repro.results import StaleResultWarning, printable, read_result, result_files
 from fedlab_nb.repro.verdicts import summary_text
 
 
@@ -222,8 +222,8 @@ def cmd_reproduce(args) -> int:
         done = (f.result() for f in as_completed([pool.submit(_reproduce_paper, pid, opts) for pid in ids]))
     for n, (pid, code, out, err) in enumerate(done, 1):
         prefix = f"[{n}/{len(ids)}] " if len(ids) > 1 else ""
-        print(prefix + "\n".join(out), flush=True) if out else None
-        print("\n".join(err), file=sys.stderr, flush=True) if err else None
+        print(prefix + "\n".join(map(printable, out)), flush=True) if out else None  # a skipped run's lines come from
+        print("\n".join(map(printable, err)), file=sys.stderr, flush=True) if err else None  # its result file
         status = max(status, code)
         failed += [pid] if code else []
     if jobs > 1:
@@ -285,7 +285,7 @@ def cmd_report(args) -> int:
     from fedlab_nb.repro.report import build_report, load_results, summary_lines
     results = _results(args, _root(args))
     build_report(results)
-    print("\n".join(summary_lines(load_results(results))))
+    print("\n".join(map(printable, summary_lines(load_results(results)))))
     print(f"wrote {results / 'REPORT.md'} and {results / 'index.html'} (open it in a browser)")
     return 0
 
@@ -325,7 +325,7 @@ def cmd_history(args) -> int:
         hist = History.load(path)
     except (ValueError, OSError) as e:  # pandas' parse errors are ValueErrors; a bad .json beside it too
         raise UsageError(f"cannot read {path} as a History: {e}") from None
-    print(hist.summary())
+    print("\n".join(map(printable, hist.summary().splitlines())))
     return 0
 
 

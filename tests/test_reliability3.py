@@ -246,3 +246,56 @@ def test_parameter_values_follow_yaml_1_2():
     assert got == {"lr": 0.001, "day": "2024-01-01", "n": 10, "flag": "yes", "ok": True, "xs": [1, 2.5, 1000.0],
                    "big": -250.0, "none": None, "t": "1:20"}
     assert isinstance(got["lr"], float) and isinstance(got["day"], str)
+
+
+# (6) control characters from files are not printed; (7) corrupt result files do not break list / report ---------
+def test_printable_strips_terminal_control_characters():
+    from fedlab_nb.repro.results import printable
+    assert printable("ok\x1b]0;title\x07\x1b[2J\rdone\u202e\x9b\nnext") == "ok]0;title[2Jdone next"
+    assert printable("x" * 5000, 80) == "x" * 79 + "…"
+
+
+def valid_result(paper):
+    return {"paper": paper, "scale": "smoke", "verdict": "reproduced",
+            "claims": [{"id": "value_positive", "verdict": "reproduced", "expect": "> 0", "interval": None,
+                        "reason": "\x1b[2Jcleared"}]}
+
+
+@pytest.mark.parametrize("corrupt", [
+    '{"paper": "tiny", "scale": "smoke", "verdict": "reproduced", "claims": [{"id": "value_positive", '
+    '"verdict": "reproduced", "expect": "> 0", "interval": "0.5 ± 0.1"}]}',
+    "[" * 100_000 + "]" * 100_000,
+    '{"paper": "tiny", "scale": "smoke", "verdict": "x", "claims": [], "ours": ' + "9" * 5000 + "}",
+    '{"paper": "tiny", "scale": "smoke", "verdict": "x", "claims": [{"id": "a", "verdict": "b", "expect": "c", '
+    '"interval": {"mean": ' + "9" * 400 + ', "half_width": 1, "n": 5, "confidence": 0.9}}]}',
+])
+def test_corrupt_result_files_do_not_break_list_or_report(tmp_path, capsys, corrupt):
+    import json
+    import shutil
+    from fedlab_nb.cli import main
+    root, results = cli_root(tmp_path), tmp_path / "results"
+    shutil.copy(root / "papers" / "tiny.yaml", root / "papers" / "tiny2.yaml")
+    text = (root / "papers" / "tiny2.yaml").read_text().replace("id: tiny", "id: tiny2")
+    (root / "papers" / "tiny2.yaml").write_text(text)
+    results.mkdir()
+    (results / "tiny-smoke.json").write_text(corrupt)
+    (results / "tiny2-smoke.json").write_text(json.dumps(valid_result("tiny2")))
+    assert main(cli_args(tmp_path, root) + ["list"]) == 0
+    captured = capsys.readouterr()
+    assert "tiny2 — Tiny — harness fixture (4 claims; last: smoke: reproduced)" in captured.out
+    assert "tiny — Tiny — harness fixture (4 claims; last: smoke: stale (corrupt result file))" in captured.out
+    [warning] = [line for line in captured.err.splitlines() if "tiny-smoke.json" in line]
+    assert warning.startswith("warning: ") and len(warning) < 400
+    assert main(cli_args(tmp_path, root) + ["report"]) == 0
+    assert "2 results: " in capsys.readouterr().out
+    assert "tiny2" in (results / "REPORT.md").read_text()
+
+
+def test_reproduce_output_from_a_result_file_is_printable(tmp_path, capsys, monkeypatch):
+    from fedlab_nb import cli
+    monkeypatch.setattr(cli, "_reproduce_paper", lambda pid, opts: (pid, 0, ["tiny (smoke): \x1b[2J\x1b]0;x\x07OK"],
+                                                                   ["\x1b[31mwarning"]))
+    root = cli_root(tmp_path)
+    assert cli.main(cli_args(tmp_path, root) + ["reproduce", "tiny", "-j", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "\x1b" not in captured.out + captured.err and "\x07" not in captured.out

@@ -96,7 +96,8 @@ def _same_file(fd: int, path: Path) -> bool:
 def _holder(path: Path) -> str:
     """Who holds the lock, from what it wrote into the file."""
     try:
-        info = json.loads(path.read_text()[:4096])
+        with open(path, "rb") as f:
+            info = json.loads(f.read(4096))
         return (f"process {int(info['pid'])} on {str(info['host'])[:64]}, scale {str(info['scale'])[:64]}, "
                 f"started {str(info['started'])[:32]}")
     except (OSError, ValueError, KeyError, TypeError):
