@@ -42,7 +42,7 @@ from .data.federated import FederatedDataset
 from .engine.client import make_loss, train_clients_loop
 from .engine.evaluate import Evaluator
 from .engine.history import History
-from .engine.sampling import make_sampler
+from .engine.sampling import check_sampled, make_sampler
 from .engine.server import (RoundSetup, RunConfig, build_model, client_round, downlink, local_job, quiet_round,
                             server_update, uplink)
 from .engine.store import ClientStore
@@ -151,7 +151,8 @@ class MethodStrategy(Strategy):
         if not self.nodes:
             self._connect(grid)
         self._t0, r = time.perf_counter(), server_round - 1
-        self.sampled = self.s.sampler(r, self.s.num_clients, rng(self.s.cfg.seed, SAMPLE, r))
+        self.sampled = check_sampled(self.s.sampler(r, self.s.num_clients, rng(self.s.cfg.seed, SAMPLE, r)),
+                                     self.s.num_clients, r)
         self.down, self.state, self.theta_bytes = downlink(self.s.round, r, self.state,
                                                            self.s.method.broadcast(self.state, self.theta))
         content = RecordDict({"broadcast": ArrayRecord({n: _to_array(t) for n, t in self.down.items()}),

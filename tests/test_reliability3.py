@@ -299,3 +299,58 @@ def test_reproduce_output_from_a_result_file_is_printable(tmp_path, capsys, monk
     assert cli.main(cli_args(tmp_path, root) + ["reproduce", "tiny", "-j", "1"]) == 0
     captured = capsys.readouterr()
     assert "\x1b" not in captured.out + captured.err and "\x07" not in captured.out
+
+
+# (8) privacy parameters, samplers, lab ------------------------------------------------------------------------
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: dp_fedavg(noise_multiplier=INF), "noise_multiplier"),
+    (lambda: dp_fedavg(noise_multiplier=NAN), "noise_multiplier"),
+    (lambda: dp_fedavg(noise_multiplier=-1.0), "noise_multiplier"),
+    (lambda: dp_fedavg(clip_norm=INF), "clip_norm"),
+    (lambda: dp_fedavg(clip_lr=INF, adaptive=True, clip_count_stddev=1.0), "clip_lr"),
+    (lambda: dp_fedavg(clip_lr=-0.2), "clip_lr"),
+    (lambda: dp_fedavg(delta="1e-5"), "delta"),
+    (lambda: local_dp_fedavg(noise_multiplier=INF), "noise_multiplier"),
+    (lambda: local_dp_fedavg(clip_norm=NAN), "clip_norm"),
+])
+def test_privacy_parameters_are_finite_and_named(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_local_dp_accounting_and_accountant_validate_their_arguments():
+    from fedlab_nb.privacy import accounting
+    from fedlab_nb.privacy.dp import LocalDPAccounting
+    for bad in (INF, NAN, -1.0, "1"):
+        with pytest.raises(ValueError, match="noise_multiplier"):
+            LocalDPAccounting(bad)
+    with pytest.raises(TypeError, match="delta must be a number, got str '1e-5'"):
+        accounting.epsilon(0.1, 1.0, 10, delta="1e-5")
+    with pytest.raises(ValueError, match="steps must be an int"):
+        accounting.epsilon(0.1, 1.0, True, 1e-5)
+    with pytest.raises(ValueError, match="target_epsilon must be a finite number"):
+        accounting.noise_for_epsilon(INF, 0.1, 10, 1e-5)
+
+
+@pytest.mark.parametrize("ids, match", [([0, 0, 3], r"client id\(s\) \[0\] more than once"),
+                                        ([1, 10], r"client id\(s\) \[10\] outside 0 … 9"),
+                                        ([-1], "outside"), ([0.5], "client ids \\(ints\\)")])
+def test_a_custom_sampler_with_bad_ids_is_refused(fed10, ids, match):
+    with pytest.raises(ValueError, match=match):
+        fl.simulate("fedavg", fed10, rounds=1, clients_per_round=lambda r, K, g: np.array(ids), **KW)
+
+
+def test_lab_passes_options_and_allow_root_when_root(tmp_path, capsys, monkeypatch):
+    import os
+    from fedlab_nb.cli import main
+    root = cli_root(tmp_path)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert main(cli_args(tmp_path, root) + ["lab", "--dry-run", "--port", "9999", "--ip", "0.0.0.0", "--no-browser"]) == 0
+    out = capsys.readouterr().out
+    assert "passing --allow-root" in out and "--port=9999 --ip=0.0.0.0 --no-browser --allow-root" in out
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert main(cli_args(tmp_path, root) + ["lab", "--dry-run"]) == 0
+    assert "--allow-root" not in capsys.readouterr().out

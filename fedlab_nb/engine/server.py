@@ -26,7 +26,7 @@ from .checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
 from .history import History
-from .sampling import make_sampler
+from .sampling import check_sampled, make_sampler
 from .rows import RoundRows
 from .store import ClientStore
 
@@ -416,7 +416,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     bar = tqdm(range(start, rounds), desc=method.name, disable=not progress, leave=False)
     t0 = time.perf_counter()
     for r in bar:
-        ids = sampler(r, K, rng(seed, SAMPLE, r))
+        ids = check_sampled(sampler(r, K, rng(seed, SAMPLE, r)), K, r)
         if cfg.drop_stragglers and cfg.stragglers:
             late = _stragglers(K, cfg, r)
             ids = np.array([k for k in ids if k not in late], dtype=np.int64)
