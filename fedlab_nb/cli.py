@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     lab = command("lab", "JupyterLab on a copy of the notebooks in results/lab/ (running cells never changes the tracked files)")
     lab.add_argument("--fresh", action="store_true", help="replace the copies with the repository's notebooks")
     lab.add_argument("--dry-run", action="store_true", help="copy, print the command, do not start JupyterLab")
+    lab.add_argument("--port", type=_port, help="JupyterLab's port (default: its own, 8888 or the next free one)")
+    lab.add_argument("--ip", help="the address JupyterLab listens on (e.g. 0.0.0.0 in a container)")
+    lab.add_argument("--no-browser", action="store_true", help="do not open a browser (a remote machine, a container)")
     hist = command("history", "summarise a saved run (History.save's CSV): final accuracy, bytes, (epsilon, delta)")
     hist.add_argument("path", help="the .csv written by History.save (its .json beside it holds the run's settings)")
     figs = command("figures", "compare a smoke run's figure data with papers/figures/ID.json, or regenerate it")
@@ -78,6 +81,23 @@ def _device(text: str) -> str:
     if not re.fullmatch(r"auto|cpu|mps|(cuda|xpu)(:\d+)?", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda, cuda:N, mps or auto")
     return text
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port; use a number from 1 to 65535, e.g. 8888")
+    return int(text)
+
+
+def _lab_options(args) -> list[str]:
+    """JupyterLab options passed through, and --allow-root when run as root (JupyterLab refuses root otherwise)."""
+    opts = [f"--port={args.port}"] if args.port else []
+    opts += [f"--ip={args.ip}"] if args.ip else []
+    opts += ["--no-browser"] if args.no_browser else []
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        print("running as root (a container, Colab, CI): passing --allow-root to JupyterLab")
+        opts.append("--allow-root")
+    return opts
 
 
 def _root(args) -> Path:
@@ -303,7 +323,7 @@ def cmd_lab(args) -> int:
         if args.fresh or not dest.exists():
             shutil.copyfile(nb, dest)
             copied += 1
-    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={target}"]
+    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={target}", *_lab_options(args)]
     print(f"{copied} notebooks copied to {target} (existing copies kept; --fresh replaces them)")
     if args.dry_run:
         print(" ".join(cmd))
