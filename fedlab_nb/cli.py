@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from fedlab_nb.repro import claims as C
-from fedlab_nb.repro.results import StaleResultWarning, read_result, result_files
+from fedlab_nb.repro.results import StaleResultWarning, printable, read_result, result_files
 from fedlab_nb.repro.verdicts import summary_text
 
 
@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     lab = command("lab", "JupyterLab on a copy of the notebooks in results/lab/ (running cells never changes the tracked files)")
     lab.add_argument("--fresh", action="store_true", help="replace the copies with the repository's notebooks")
     lab.add_argument("--dry-run", action="store_true", help="copy, print the command, do not start JupyterLab")
+    lab.add_argument("--port", type=_port, help="JupyterLab's port (default: its own, 8888 or the next free one)")
+    lab.add_argument("--ip", help="the address JupyterLab listens on (e.g. 0.0.0.0 in a container)")
+    lab.add_argument("--no-browser", action="store_true", help="do not open a browser (a remote machine, a container)")
     hist = command("history", "summarise a saved run (History.save's CSV): final accuracy, bytes, (epsilon, delta)")
     hist.add_argument("path", help="the .csv written by History.save (its .json beside it holds the run's settings)")
     figs = command("figures", "compare a smoke run's figure data with papers/figures/ID.json, or regenerate it")
@@ -85,12 +88,31 @@ def _device(text: str) -> str:
     return text
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port; use a number from 1 to 65535, e.g. 8888")
+    return int(text)
+
+
+def _lab_options(args) -> list[str]:
+    """JupyterLab options passed through, and --allow-root when run as root (JupyterLab refuses root otherwise)."""
+    opts = [f"--port={args.port}"] if args.port else []
+    opts += [f"--ip={args.ip}"] if args.ip else []
+    opts += ["--no-browser"] if args.no_browser else []
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        print("running as root (a container, Colab, CI): passing --allow-root to JupyterLab")
+        opts.append("--allow-root")
+    return opts
+
+
 def _root(args) -> Path:
-    return Path(args.root) if args.root else C.default_root()
+    """The repository root, absolute: resolved once against the caller's directory (papermill changes it)."""
+    return (Path(args.root) if args.root else C.default_root()).absolute()
 
 
 def _results(args, root: Path) -> Path:
-    return Path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results")
+    """The results folder, absolute (a relative --results or $FEDLAB_NB_RESULTS is the caller's)."""
+    return Path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results").absolute()
 
 
 def _registry() -> dict:
@@ -204,11 +226,29 @@ def cmd_list(args) -> int:
     return status
 
 
+class Yaml12Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 core-schema scalars (PyYAML speaks 1.1): `1e-3` is a float, `010` is 10,
+    `0o17` is 15; `2024-01-01`, `yes`, `on` and `1:20` stay strings."""
+
+
+Yaml12Loader.yaml_implicit_resolvers = {}
+for _tag, _pattern, _first in [
+        ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+        ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
+        ("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+         "-+0123456789."),
+        ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""])]:
+    Yaml12Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(_pattern), list(_first))
+Yaml12Loader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: int(
+    loader.construct_scalar(node), 0 if loader.construct_scalar(node)[:2] in ("0o", "0x") else 10))
+
+
 def _parse_parameters(pairs) -> dict:
+    """-p NAME VALUE pairs; VALUE is YAML 1.2 (0.1 and 1e-3 -> float, true -> bool, [1, 2] -> list, else a string)."""
     params = {}
     for name, text in pairs:
         try:
-            params[name] = yaml.safe_load(text)
+            params[name] = yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError:
             params[name] = text
     return params
@@ -260,8 +300,8 @@ def cmd_reproduce(args) -> int:
         done = (f.result() for f in as_completed([pool.submit(_reproduce_paper, pid, opts) for pid in ids]))
     for n, (pid, code, out, err) in enumerate(done, 1):
         prefix = f"[{n}/{len(ids)}] " if len(ids) > 1 else ""
-        print(prefix + "\n".join(out), flush=True) if out else None
-        print("\n".join(err), file=sys.stderr, flush=True) if err else None
+        print(prefix + "\n".join(map(printable, out)), flush=True) if out else None  # a skipped run's lines come from
+        print("\n".join(map(printable, err)), file=sys.stderr, flush=True) if err else None  # its result file
         status = max(status, code)
         failed += [pid] if code else []
     if jobs > 1:
@@ -297,6 +337,10 @@ def _reproduce_paper(pid: str, opts: dict) -> tuple:
         err.append(f"  notebook failed in cell {e['cell']}: {e['ename']}: {e['evalue']}")
         code = 1
     out += [f"  {c['id']}: {c['verdict']}" + (f" ({c['reason']})" if c.get("reason") else "") for c in r["claims"]]
+    errored = [c["id"] for c in r["claims"] if c["verdict"] == C.ERROR]
+    if errored and not r["error"]:  # a claim that cannot be judged fails the run at every scale
+        err.append(f"  {len(errored)} claim(s) could not be judged: {', '.join(errored)} (see the reasons above)")
+        code = 1
     if scale == "smoke" and not r["error"]:  # stored verdicts are smoke-scale verdicts
         wrong = mismatches(r)
         err += [f"  MISMATCH {line}" for line in wrong]
@@ -320,7 +364,7 @@ def cmd_report(args) -> int:
     root = _root(args)
     results = _results(args, root)
     build_report(results, root)
-    print("\n".join(summary_lines(load_results(results, root))))
+    print("\n".join(map(printable, summary_lines(load_results(results, root)))))
     print(f"wrote {results / 'REPORT.md'} and {results / 'index.html'} (open it in a browser)")
     return 0
 
@@ -329,16 +373,16 @@ def cmd_lab(args) -> int:
     """Copy notebooks/*.ipynb into results/lab/ (keeping copies a user already changed, unless --fresh) and
     start JupyterLab there: the executed cells and their outputs stay out of the tracked notebooks."""
     import shutil
+    from fedlab_nb.repro.files import make_folder, refuse_link
     root = _root(args)
-    target = _results(args, root) / "lab"
-    target.mkdir(parents=True, exist_ok=True)
+    target = make_folder(_results(args, root) / "lab")
     copied = 0
     for nb in sorted((root / "notebooks").glob("*.ipynb")):
-        dest = target / nb.name
+        dest = refuse_link(target / nb.name)  # a link there would make the copy overwrite its target
         if args.fresh or not dest.exists():
             shutil.copyfile(nb, dest)
             copied += 1
-    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={target}"]
+    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={target}", *_lab_options(args)]
     print(f"{copied} notebooks copied to {target} (existing copies kept; --fresh replaces them)")
     if args.dry_run:
         print(" ".join(cmd))
@@ -360,7 +404,7 @@ def cmd_history(args) -> int:
         hist = History.load(path)
     except (ValueError, OSError) as e:  # pandas' parse errors are ValueErrors; a bad .json beside it too
         raise UsageError(f"cannot read {path} as a History: {e}") from None
-    print(hist.summary())
+    print("\n".join(map(printable, hist.summary().splitlines())))
     return 0
 
 

@@ -42,9 +42,9 @@ from .data.federated import FederatedDataset
 from .engine.client import make_loss, train_clients_loop
 from .engine.evaluate import Evaluator
 from .engine.history import History
-from .engine.sampling import make_sampler
-from .engine.server import (RoundSetup, RunConfig, build_model, client_round, downlink, local_job, server_update,
-                            uplink)
+from .engine.sampling import check_sampled, make_sampler
+from .engine.server import (RoundSetup, RunConfig, build_model, client_round, downlink, local_job, quiet_round,
+                            server_update, uplink)
 from .engine.store import ClientStore
 from .methods import Method, RoundInfo, get_method
 from .models import flatten_params, param_spec
@@ -151,7 +151,8 @@ class MethodStrategy(Strategy):
         if not self.nodes:
             self._connect(grid)
         self._t0, r = time.perf_counter(), server_round - 1
-        self.sampled = self.s.sampler(r, self.s.num_clients, rng(self.s.cfg.seed, SAMPLE, r))
+        self.sampled = check_sampled(self.s.sampler(r, self.s.num_clients, rng(self.s.cfg.seed, SAMPLE, r)),
+                                     self.s.num_clients, r)
         self.down, self.state, self.theta_bytes = downlink(self.s.round, r, self.state,
                                                            self.s.method.broadcast(self.state, self.theta))
         content = RecordDict({"broadcast": ArrayRecord({n: _to_array(t) for n, t in self.down.items()}),
@@ -179,6 +180,11 @@ class MethodStrategy(Strategy):
             self.theta, self.state, row["train_loss"] = server_update(self.s.method, self.state, self.theta, info, msgs,
                                                                       losses, self.s.cfg.on_nonfinite, self.s.round.groups)
             row.update(self.s.method.round_metrics(self.state))
+        else:  # nobody sampled or every reply failed: DP still releases a noised θ (engine.server.quiet_round)
+            info = RoundInfo(server_round - 1, np.empty(0, dtype=np.int64), self.theta.new_zeros(0),
+                             self.theta.new_zeros(0), self.s.num_clients, self.s.cfg.lr, self.theta, None, self.s.cfg.seed)
+            self.theta, self.state, out = quiet_round(self.s.method, self.state, self.theta, info, self.s.round.groups)
+            row.update(out)
         self.rows.append(row)
         return ArrayRecord({"theta": _to_array(self.theta)}), MetricRecord({"train_loss": row["train_loss"]})
 

@@ -44,3 +44,23 @@ def make_sampler(clients_per_round, num_clients: int):
     if not 1 <= clients_per_round <= num_clients:
         raise ValueError(f"clients_per_round={clients_per_round} must be between 1 and num_clients={num_clients}")
     return UniformSampler(int(clients_per_round))
+
+
+def check_sampled(ids, num_clients: int, round: int) -> np.ndarray:
+    """A sampler's answer, unchanged, once checked: a 1-D array of distinct client ids in 0 … K-1 (empty is fine).
+    A custom sampler that repeats a client (it would count twice) or names one that does not exist is refused."""
+    arr = np.asarray(ids)
+    if arr.size == 0:
+        return ids
+    if arr.ndim != 1 or arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"round {round + 1}: the sampler must return a 1-D array of client ids (ints), got "
+                         f"{arr.dtype} of shape {arr.shape}; return e.g. np.sort(g.choice(K, m, replace=False))")
+    bad = arr[(arr < 0) | (arr >= num_clients)]
+    if len(bad):
+        raise ValueError(f"round {round + 1}: the sampler returned client id(s) {bad[:5].tolist()} outside 0 … "
+                         f"{num_clients - 1} (K = {num_clients} clients)")
+    uniq, counts = np.unique(arr, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"round {round + 1}: the sampler returned client id(s) {uniq[counts > 1][:5].tolist()} more "
+                         "than once; sample without replacement (g.choice(K, m, replace=False))")
+    return ids

@@ -26,7 +26,7 @@ from .checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
 from .history import History
-from .sampling import make_sampler
+from .sampling import check_sampled, make_sampler
 from .rows import RoundRows
 from .store import ClientStore
 
@@ -286,6 +286,8 @@ def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundI
                                        f"Lower lr (now {info.lr}), check the data, or pass on_nonfinite='drop' "
                                        "to drop such updates")
         if not keep.any():
+            if getattr(method.rule, "empty_rounds", None) == "noise":  # DP: a noised release even now
+                theta, state, _ = quiet_round(method, state, theta, info, groups)
             return theta, state, float("nan")
         msgs = msgs.select(keep)
         info = replace(info, client_ids=info.client_ids[keep.cpu().numpy()], sizes=info.sizes[keep],
@@ -297,6 +299,34 @@ def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundI
         agg = theta.new_zeros(theta.numel()).index_copy_(0, groups.index("sent", theta.device), agg)
     theta, state = method.server_step(state, theta, agg)
     return theta, state, float((info.sizes @ losses) / info.sizes.sum())
+
+
+def quiet_round(method: Method, state: dict, theta: torch.Tensor, info: RoundInfo, groups=None):
+    """A round without client updates (nobody sampled, or every update dropped); returns (θ, state, History
+    columns). A rule with `empty_rounds = "noise"` (DPAggregate) still releases its noised aggregate of Δ = 0,
+    as McMahan et al. 2018 (Algorithm 1) do, so every round its accountant counts is a noised one; one with
+    `empty_rounds = "metrics"` (an accountant) reports its columns; any other rule leaves θ and the row as they are."""
+    mode = getattr(method.rule, "empty_rounds", None)
+    if mode is None:
+        return theta, state, {}
+    if mode == "noise":
+        sent = groups is not None and not groups.everything_sent
+        width = groups.index("sent", theta.device).numel() if sent else theta.numel()
+        ids, none = np.empty(0, dtype=np.int64), theta.new_zeros(0)
+        msgs = Messages({method.aggregate_key: theta.new_zeros(0, width)}, ids)
+        info = replace(info, client_ids=ids, sizes=none, steps=none, theta=theta, messages=msgs)
+        state["objective"] = method.objective.server_update(state["objective"], msgs, info)
+        agg, state = method.aggregate(state, msgs[method.aggregate_key], info)
+        if sent:
+            agg = theta.new_zeros(theta.numel()).index_copy_(0, groups.index("sent", theta.device), agg)
+        theta, state = method.server_step(state, theta, agg)
+    return theta, state, method.round_metrics(state)
+
+
+def empty_info(s: RoundSetup, r: int, theta: torch.Tensor) -> RoundInfo:
+    """The RoundInfo of round r when no client was sampled."""
+    none = theta.new_zeros(0)
+    return RoundInfo(r, np.empty(0, dtype=np.int64), none, none, s.fed.num_clients, s.cfg.lr, theta, None, s.cfg.seed)
 
 
 # --- the run ------------------------------------------------------------------------------------------
@@ -386,14 +416,16 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     bar = tqdm(range(start, rounds), desc=method.name, disable=not progress, leave=False)
     t0 = time.perf_counter()
     for r in bar:
-        ids = sampler(r, K, rng(seed, SAMPLE, r))
+        ids = check_sampled(sampler(r, K, rng(seed, SAMPLE, r)), K, r)
         if cfg.drop_stragglers and cfg.stragglers:
             late = _stragglers(K, cfg, r)
             ids = np.array([k for k in ids if k not in late], dtype=np.int64)
         row = {"round": r + 1, "n_sampled": int(len(ids)), "train_loss": float("nan"), "bytes_up": 0, "bytes_down": 0}
         if len(ids):
             theta, state, out = run_round(setup, state, theta, store, ids, r, attack, byz)
-            row.update(out)
+        else:  # DP still releases a noised θ (and its accountant's ε) in a round nobody was sampled in
+            theta, state, out = quiet_round(method, state, theta, empty_info(setup, r, theta), groups)
+        row.update(out)
         if (r + 1) % eval_every == 0 or r + 1 == rounds:
             row.update(evaluator(theta, *personal_models(setup, r, theta, store, state)))
             if hasattr(poison, "evaluate"):

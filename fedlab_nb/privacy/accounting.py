@@ -20,7 +20,29 @@ ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("poisson", "fixed")
 
 
+def _number(name: str, value) -> None:
+    """A real number (not a bool, not a string): a TypeError naming the parameter otherwise."""
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}"
+                        + (f"; write {name}={float(value)!r}" if isinstance(value, str) and _is_float(value) else ""))
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _check(q: float, noise_multiplier: float, steps: int, delta: float, accountant: str, sampling: str):
+    for name, value in (("q", q), ("noise_multiplier", noise_multiplier), ("delta", delta)):
+        _number(name, value)
+    if isinstance(steps, bool):
+        raise ValueError(f"steps must be an int >= 0 (rounds or DP-SGD steps), got the bool {steps!r}")
+    if not math.isfinite(noise_multiplier):
+        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
     if not 0 < q <= 1:
         raise ValueError(f"q (the sampling rate) must be in (0, 1], got {q!r}")
     if not noise_multiplier >= 0:
@@ -68,8 +90,10 @@ def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float,
     search at a tiny z would build a privacy-loss distribution with billions of buckets."""
     import dp_accounting as dpa
     _check(q, 1.0, steps, delta, accountant, sampling)
-    if not target_epsilon > 0:
-        raise ValueError(f"target_epsilon must be > 0, got {target_epsilon!r}")
+    _number("target_epsilon", target_epsilon)
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+        raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r} (ε = inf needs no "
+                         "noise: noise_multiplier=0)")
     bracket = dpa.LowerEndpointAndGuess(1e-3, 1.0)
     if accountant == "pld":
         upper = noise_for_epsilon(target_epsilon, q, steps, delta, "rdp", sampling)

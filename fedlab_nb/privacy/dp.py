@@ -39,7 +39,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ..core.messages import Transform
+from ..core.messages import Messages, Transform
 from ..core.streams import register_stream
 from ..core.method import weighted_mean
 from . import accounting
@@ -60,8 +60,23 @@ def clip_rows(updates: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, to
 
 
 def _check_positive(name: str, value, fix: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}; {fix}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0 \
+            or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}; {fix}")
+    return float(value)
+
+
+def _check_noise(value) -> float:
+    """A noise multiplier z: a finite number >= 0 (0: no noise, no privacy)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value >= 0 \
+            or not math.isfinite(value):
+        raise ValueError(f"noise_multiplier (z) must be a finite number >= 0 (0: no noise, no privacy), got {value!r}")
+    return float(value)
+
+
+def _check_delta(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not 0 < value < 1:
+        raise ValueError(f"delta must be a number in (0, 1), well below 1/K for K users (e.g. 1e-5), got {value!r}")
     return float(value)
 
 
@@ -153,12 +168,10 @@ class DPAggregate:
     clip_lr: float = 0.2
     clip_count_stddev: float | None = None
     uses_context = True
+    empty_rounds = "noise"  # a round nobody is sampled in still releases θ + N(0, σ²) (engine.server.quiet_round)
 
     def __post_init__(self):
-        if isinstance(self.noise_multiplier, bool) or not isinstance(self.noise_multiplier, (int, float)) \
-                or not self.noise_multiplier >= 0:
-            raise ValueError(f"noise_multiplier (z) must be a number >= 0 (0: no noise, no privacy), "
-                             f"got {self.noise_multiplier!r}")
+        self.noise_multiplier = _check_noise(self.noise_multiplier)
         self.clip_norm = _check_positive("clip_norm", self.clip_norm, "the ℓ2 bound S on each client's update")
         q = self.sampling_rate
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 1:
@@ -173,14 +186,12 @@ class DPAggregate:
             raise ValueError("sampling='fixed' is accounted by the RDP accountant only; pass accountant='rdp'")
         if self.accountant not in accounting.ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {accounting.ACCOUNTANTS}, got {self.accountant!r}")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"delta must be in (0, 1), well below 1/K for K users; got {self.delta!r}")
+        self.delta = _check_delta(self.delta)
+        self.clip_lr = _check_positive("clip_lr", self.clip_lr, "the adaptive clip's learning rate η_C, e.g. 0.2")
         if self.adaptive:
             if not 0 < self.target_quantile < 1:
                 raise ValueError(f"target_quantile (γ) must be in (0, 1), e.g. 0.5 for the median norm, "
                                  f"got {self.target_quantile!r}")
-            if not self.clip_lr > 0:
-                raise ValueError(f"clip_lr (η_C) must be > 0, e.g. 0.2, got {self.clip_lr!r}")
         for name in ("total_weight", "min_total_weight"):
             value = getattr(self, name)
             if value is not None:
@@ -251,6 +262,8 @@ class DPAggregate:
     def _next_clip(self, state: dict, info) -> float:
         """C ← C · exp(−η_C (b̄ − γ)), b̄ the noised unclipped fraction (Andrew et al. 2021)."""
         msgs = info.messages
+        if len(info.client_ids) == 0:  # nobody sampled (or every update dropped): the count is noise alone
+            msgs = Messages({BITS_KEY: torch.zeros(0)}, info.client_ids)
         if msgs is None or BITS_KEY not in msgs:
             raise ValueError("adaptive clipping needs each client's clip bit: put ClipUpdates(clip_norm=None) in the "
                              "method's uplink (dp_fedavg(adaptive=True) does)")
@@ -360,8 +373,7 @@ class LocalGaussianNoise(Transform):
 
     def __post_init__(self):
         self.clip_norm = _check_positive("clip_norm", self.clip_norm, "the ℓ2 bound S on each client's update")
-        if isinstance(self.noise_multiplier, bool) or not self.noise_multiplier >= 0:
-            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier!r}")
+        self.noise_multiplier = _check_noise(self.noise_multiplier)
 
     def __call__(self, msgs, cstate, ctx):
         clipped, _ = clip_rows(msgs[self.key], self.clip_norm)
@@ -381,8 +393,8 @@ class LocalDPAccounting:
     accountant: str = "rdp"
 
     def __post_init__(self):
-        if not 0 < self.delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
+        self.noise_multiplier = _check_noise(self.noise_multiplier)
+        self.delta = _check_delta(self.delta)
         if self.accountant not in accounting.ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {accounting.ACCOUNTANTS}, got {self.accountant!r}")
 
@@ -396,6 +408,7 @@ class LocalDPAccounting:
         return weighted_mean(deltas, weights), {"participations": counts}
 
     uses_context = True
+    empty_rounds = "metrics"  # a round nobody is sampled in spends nothing but still reports ε
 
     def metrics(self, state):
         n = int(state["participations"].max()) if len(state["participations"]) else 0

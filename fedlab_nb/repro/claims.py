@@ -34,6 +34,7 @@ MAX_CLAIMS_BYTES = 1_000_000  # a claims file is a page of text; a larger one is
 
 ROOT_ENV = "FEDLAB_NB_ROOT"
 _PAPER_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # ASCII only, unlike \w
+SCALE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")  # names files results/<id>-<scale>.json: never a path
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the repository holding fedlab_nb/, papers/, notebooks/
 
 
@@ -453,6 +454,7 @@ def load_claims(path: Path | str) -> Paper:
     for key, value in text_fields.items():
         if not value.strip():
             c.fail(key, "is empty", "a non-empty string")
+    _check_notebook_path(c, text_fields["notebook"])
     code = c.value(data, "code", "code", (str,), "a URL string or null", optional=True)
 
     paper = c.mapping(data["paper"], "paper", _PAPER, optional=("url",))
@@ -466,6 +468,7 @@ def load_claims(path: Path | str) -> Paper:
         c.fail("scales", "has no 'smoke' entry", "a mapping of scale names (at least 'smoke') to settings")
     for name, entry in data["scales"].items():
         where = f"scales.{name}"
+        _check_scale_name(c, name)
         entry = c.mapping({} if entry is None else entry, where, _SCALE, optional=_SCALE)
         params = c.value(entry, "parameters", f"{where}.parameters", (dict,), "a mapping of notebook parameters",
                          optional=True) or {}
@@ -533,10 +536,33 @@ def load_claims(path: Path | str) -> Paper:
                  paper_scale=_paper_scale(c, data.get("paper_scale"), scales))
 
 
+def _check_notebook_path(c: _Checker, notebook: str) -> None:
+    """`notebook` is a relative path inside the repository (no absolute path, no '..')."""
+    parts = Path(notebook).parts
+    if Path(notebook).is_absolute() or notebook.startswith("~") or ".." in parts or "\0" in notebook:
+        c.fail("notebook", f"is {notebook!r}", "a path relative to the repository root, without '..', such as "
+               "notebooks/<id>.ipynb")
+
+
+def _check_scale_name(c: _Checker, name) -> None:
+    """A scale name names files in the results folder: an identifier, never a path."""
+    if not isinstance(name, str) or not SCALE_NAME.fullmatch(name):
+        c.fail(f"scales.{str(name)[:80]!r}", "is not a scale name", "letters, digits, _ and - (at most 64, starting "
+               "with a letter), such as smoke, paper, paper-substitute")
+
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def missing_requirements(paper: Paper) -> list[str]:
-    """The modules in the paper's `requires` that cannot be imported here."""
+    """The modules in the paper's `requires` whose top-level package is not installed here. Each entry must be
+    a dotted module name; only its top-level name is looked up (find_spec('a.b') would import 'a')."""
     import importlib.util
-    return [m for m in paper.requires if importlib.util.find_spec(m) is None]
+    for m in paper.requires:
+        if not isinstance(m, str) or not _MODULE.fullmatch(m) or len(m) > 200:
+            raise ClaimsFileError(f"{paper.path}: field 'requires' has {str(m)[:80]!r}; expected dotted module "
+                                  "names such as flwr or torch.func")
+    return [m for m in paper.requires if importlib.util.find_spec(m.split(".")[0]) is None]
 
 
 def load_paper(paper_id: str, root: Path | None = None) -> Paper:

@@ -8,13 +8,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import re
+import stat
 from pathlib import Path
 
 STALE = "stale"  # the board's verdict for a result file that cannot be used
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _NAME = re.compile(r"^(?P<paper>[A-Za-z_][A-Za-z0-9_]*)-(?P<scale>.+)\.json$")
 _FIELDS = {"paper": str, "scale": str, "verdict": str, "claims": list}
+MAX_BYTES = 64 << 20   # a result file is a few kB; anything this large is not one
+MAX_DEPTH = 32         # results nest 4 deep; a 100,000-deep array is an attack, not a result
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def printable(text, limit: int | None = None) -> str:
+    """`text` from a file (claims file, result JSON), safe to print on a terminal: control characters (escape
+    sequences, CR, BEL, C1 codes, bidi overrides) are dropped, tabs and newlines become spaces; `limit`
+    shortens it (with '…')."""
+    text = _CONTROL.sub("", str(text)).replace("\t", " ").replace("\n", " ")
+    return text if limit is None or len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
 class StaleResultWarning(UserWarning):
@@ -25,11 +39,15 @@ def read_result(path) -> tuple[dict | None, str | None]:
     """(result, None), or (None, why the file cannot be used) for an unreadable / corrupt / foreign file."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_read_text(path))
     except OSError as e:
-        return None, f"cannot be read ({e.strerror or e})"
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        return None, f"is not valid JSON ({e})"
+        return None, printable(f"cannot be read ({e.strerror or e})", 200)
+    except (UnicodeDecodeError, ValueError) as e:  # bad JSON, or an integer of more than 4,300 digits
+        return None, printable(f"is not valid JSON ({e})", 200)
+    except RecursionError:
+        return None, "is not a result file (nested too deeply)"
+    if _depth(data) > MAX_DEPTH:
+        return None, f"is not a result file (nested more than {MAX_DEPTH} deep)"
     if not isinstance(data, dict):
         return None, f"holds a JSON {type(data).__name__}, not a result"
     wrong = [k for k, kind in _FIELDS.items() if not isinstance(data.get(k), kind)]
@@ -40,7 +58,53 @@ def read_result(path) -> tuple[dict | None, str | None]:
         return None, "is not a result file (a claim without id / expect / verdict)"
     if data.get("error") is not None and not isinstance(data["error"], dict):
         return None, "is not a result file (field error is not a mapping)"
+    for c in data["claims"]:
+        if not _interval_ok(c.get("interval")) or not all(c.get(k) is None or isinstance(c[k], str)
+                                                         for k in ("partial", "reason", "text", "metric", "note")):
+            return None, printable(f"is not a result file (claim {c['id']!r}: interval or text fields of the wrong "
+                                   "type)", 200)
     return data, None
+
+
+def _read_text(path: Path) -> str:
+    """The file's text if it is a regular file (not a link, FIFO or device) of at most MAX_BYTES."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError("not a regular file")
+        if info.st_size > MAX_BYTES:
+            raise OSError(f"{info.st_size} bytes, more than a result file's {MAX_BYTES}")
+        return f.read(MAX_BYTES + 1).decode()
+
+
+def _depth(data) -> int:
+    """How deep lists and mappings nest in parsed JSON (iterative: no recursion limit to hit)."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        item, d = todo.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, d)
+            if d <= MAX_DEPTH:
+                todo += [(v, d + 1) for v in (item.values() if isinstance(item, dict) else item)]
+    return deepest
+
+
+def _number(value) -> bool:
+    try:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _interval_ok(summary) -> bool:
+    """A seeded claim's interval: None, or numbers mean / half_width / n / confidence (and a numeric margin)."""
+    if not summary:
+        return summary is None or summary == {}
+    if not isinstance(summary, dict) or not all(_number(summary.get(k)) for k in ("mean", "half_width", "n", "confidence")):
+        return False
+    margin = summary.get("margin")
+    return not margin or isinstance(margin, dict) and _number(margin.get("mean")) and _number(margin.get("half_width"))
 
 
 def result_files(results_dir, paper_id: str | None = None) -> list[tuple[Path, str, str]]:
@@ -76,9 +140,26 @@ def safe_figure(results_dir, figure) -> Path | None:
         return path if f.read(len(PNG_MAGIC)) == PNG_MAGIC else None
 
 
+def safe_output(results_dir, name) -> Path | None:
+    """The file a result's `outputs` entry names, if it is a regular file inside `results_dir` (no absolute
+    path, no '..', no link out of the folder, no device such as /dev/zero), else None."""
+    if not isinstance(name, str) or not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
+        return None
+    base = Path(results_dir).resolve()
+    try:
+        path = (base / name).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return path if path.is_relative_to(base) and path.is_file() else None
+
+
 def file_digest(path) -> str | None:
     """sha256 of a file, None when it does not exist (used to tell whether outputs were overwritten)."""
+    h = hashlib.sha256()
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
     except OSError:
         return None
+    return h.hexdigest()

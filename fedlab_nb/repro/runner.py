@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,9 +26,10 @@ from pathlib import Path
 import nbformat
 
 from .claims import (ERROR, ROOT_ENV, PACKAGE_ROOT, Paper, ReproError, default_root, judge_detail, load_paper,
-                     role_counts, headline_verdict, report_values)
+                     SCALE_NAME, role_counts, headline_verdict, report_values)
+from .files import UnsafePathError, make_folder, publish, refuse_link, run_lock, staging
 from .recording import METRICS_FILE, RUN_DIR_ENV, write_json_atomic
-from .results import StaleResultWarning, file_digest, read_result
+from .results import StaleResultWarning, file_digest, read_result, safe_output
 
 KERNEL = "python3"
 _NO_DEFAULT = object()  # a parameter whose default is not a literal: any type accepted
@@ -90,6 +92,7 @@ def check_parameters(parameters: dict, defaults: dict, notebook: Path) -> dict:
 
 def build_parameters(paper: Paper, scale: str, overrides: dict | None, device: str | None) -> tuple[dict, dict]:
     """(checked papermill parameters, notebook defaults) for one run."""
+    check_scale(scale)
     if scale not in paper.scales:
         raise ParameterError(f"paper {paper.id!r} has no scale {scale!r}; scales: {', '.join(paper.scales)}")
     notebook = notebook_path(paper)
@@ -103,8 +106,21 @@ def build_parameters(paper: Paper, scale: str, overrides: dict | None, device: s
     return check_parameters(params, defaults, notebook), defaults
 
 
+def check_scale(scale) -> str:
+    """A scale name is an identifier ('smoke', 'paper'): it names files in the results folder, never a path."""
+    if not isinstance(scale, str) or not SCALE_NAME.fullmatch(scale):
+        raise ParameterError(f"scale {scale!r} is not a scale name (letters, digits, _, -, at most 64); use a scale "
+                             "of the claims file such as 'smoke', 'paper' or 'paper-substitute'")
+    return scale
+
+
 def notebook_path(paper: Paper) -> Path:
-    path = paper.root / paper.notebook
+    """The paper's notebook: a file inside the repository root (no absolute path, '..' or link out of it)."""
+    path, root = paper.root / paper.notebook, paper.root.resolve()
+    if Path(paper.notebook).is_absolute() or ".." in Path(paper.notebook).parts \
+            or not path.resolve().is_relative_to(root):
+        raise UnsafePathError(f"{paper.path}: notebook {paper.notebook!r} is outside the repository {root}; give a "
+                              "path relative to it, such as notebooks/<id>.ipynb")
     if not path.is_file():
         raise ReproError(f"{paper.path}: notebook {paper.notebook!r} does not exist ({path})")
     return path
@@ -129,7 +145,7 @@ def _environment(**values: str):
 def _out_dir(out_dir, root: Path) -> Path:
     if out_dir is None:
         out_dir = os.environ.get("FEDLAB_NB_RESULTS") or root / "results"
-    return Path(out_dir)
+    return Path(out_dir).absolute()  # once, against the caller's directory: papermill runs in the notebook's
 
 
 def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = None, device: str | None = None,
@@ -138,10 +154,30 @@ def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = 
 
     A notebook that raises does not raise here: `error` holds the failing cell index, exception name and
     message, and the executed notebook (with the traceback) is still saved."""
-    root = Path(root or default_root())
+    root = Path(root or default_root()).absolute()
     paper = load_paper(paper_id, root)
     params, _ = build_parameters(paper, scale, parameters, device)
-    return _execute(paper, scale, params, run_folder(paper.id, scale, params, _out_dir(out_dir, root)), progress)
+    results = _out_dir(out_dir, root)
+    folder = run_folder(paper.id, scale, params, results)
+    make_folder(folder.parent)
+    stem = f"{paper.id}-{scale}"
+    refuse_link(folder)
+    _refuse_links(folder, stem)
+    with run_lock(results, paper.id, scale), staging(folder, stem) as tmp:
+        run = _execute(paper, scale, params, tmp, progress)
+        publish(tmp, folder, _outputs(stem))
+    return {**run, "notebook": str(folder / f"{stem}.ipynb"), "run_dir": str(folder / stem)}
+
+
+def _refuse_links(folder: Path, stem: str) -> None:
+    """Before running: no output of the run may be a symbolic link (publish would replace or delete it)."""
+    for name in _outputs(stem, result=True):
+        refuse_link(folder / name)
+
+
+def _outputs(stem: str, result: bool = False) -> list[str]:
+    """What a run leaves in its folder, the result file last (`files.publish` moves them in this order)."""
+    return [stem, f"{stem}.ipynb", f"{stem}.kernel.log", *([f"{stem}.json"] if result else [])]
 
 
 def run_folder(paper_id: str, scale: str, params: dict, out_dir) -> Path:
@@ -152,10 +188,11 @@ def run_folder(paper_id: str, scale: str, params: dict, out_dir) -> Path:
 
 
 def _execute(paper: Paper, scale: str, params: dict, out_dir: Path, progress: bool = False) -> dict:
+    """Run the notebook into `out_dir` (a staging folder: `files.staging`): <id>-<scale>/ (metrics, figures),
+    <id>-<scale>.ipynb and <id>-<scale>.kernel.log."""
     import papermill  # imported here: slow, and not needed inside notebooks
 
-    run_dir = out_dir / f"{paper.id}-{scale}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_folder(out_dir / f"{paper.id}-{scale}")
     # a previous run's metrics and figures must not pass for this run's
     for stale in [run_dir / METRICS_FILE, *run_dir.glob("*.png"), *run_dir.glob("*.data.json")]:
         stale.unlink(missing_ok=True)
@@ -257,22 +294,27 @@ def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, paramete
     """Run the notebook, check every claim, write results/<id>-<scale>.json and return it.
 
     An up-to-date result (same hash, not an error) is returned as is with `skipped: True` unless `force`."""
-    root = Path(root or default_root())
+    root = Path(root or default_root()).absolute()
     out_dir = _out_dir(out_dir, root)
     paper = load_paper(paper_id, root)
     params, defaults = build_parameters(paper, scale, parameters, device)
     digest = content_hash(paper, params)
     path = result_path(paper.id, scale, out_dir)
-    if path.exists() and not force:
-        old, problem = read_result(path)
-        if problem:  # a corrupt result is stale: say so, run again
-            warnings.warn(f"{path} {problem}; treating it as stale and running {paper.id} again",
-                          StaleResultWarning, stacklevel=2)
-        elif old.get("hash") == digest and old.get("verdict") != ERROR and _outputs_intact(old, out_dir):
-            return {**old, "skipped": True}
-
-    run = _execute(paper, scale, params, out_dir)
-    return judge_run(paper, scale, params, defaults, run, out_dir, digest)
+    stem = f"{paper.id}-{scale}"
+    _refuse_links(out_dir, stem)
+    with run_lock(out_dir, paper.id, scale):  # one run of a paper at a time
+        if refuse_link(path).exists() and not force:
+            old, problem = read_result(path)
+            if problem:  # a corrupt result is stale: say so, run again
+                warnings.warn(f"{path} {problem}; treating it as stale and running {paper.id} again",
+                              StaleResultWarning, stacklevel=2)
+            elif old.get("hash") == digest and old.get("verdict") != ERROR and _outputs_intact(old, out_dir):
+                return {**old, "skipped": True}
+        with staging(out_dir, stem) as tmp:  # the old result and its figures stay until this run completes
+            run = _execute(paper, scale, params, tmp)
+            result = judge_run(paper, scale, params, defaults, run, tmp, digest)
+            publish(tmp, out_dir, _outputs(stem, result=True))
+    return result
 
 
 def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict, out_dir: Path, digest: str) -> dict:
@@ -313,7 +355,7 @@ def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict,
         "outputs": _output_digests(out_dir, [*([run["notebook"]] if run.get("notebook") else []), *run_dir.iterdir()]),
     }
     result = json.loads(json.dumps(result, default=str))  # e.g. a tuple parameter -> list
-    write_json_atomic(path, result)
+    write_json_atomic(refuse_link(path), result)
     return result
 
 
@@ -326,7 +368,8 @@ def _outputs_intact(result: dict, out_dir: Path) -> bool:
     """Whether the notebook, figures and metrics on disk are still the ones this result was made from."""
     outputs = result.get("outputs")
     return isinstance(outputs, dict) and bool(outputs) and all(
-        isinstance(rel, str) and file_digest(Path(out_dir) / rel) == digest for rel, digest in outputs.items())
+        (path := safe_output(out_dir, rel)) is not None and file_digest(path) == digest
+        for rel, digest in outputs.items())
 
 
 def mismatches(result: dict) -> list[str]:

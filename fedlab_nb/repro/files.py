@@ -1,0 +1,139 @@
+"""Writing into the results folder safely: never through a symbolic link, one run of a paper at a time, and
+a run that replaces the old result only when it completes.
+
+    with run_lock(results, "afl", "smoke"), staging(results, "afl-smoke") as tmp:
+        ... write tmp/afl-smoke/, tmp/afl-smoke.ipynb, tmp/afl-smoke.json ...
+        publish(tmp, results, ["afl-smoke", "afl-smoke.ipynb", "afl-smoke.json"])
+
+A run killed before `publish` leaves the previous result, its notebook and its figures as they were (and a
+hidden `.afl-smoke.*.running` folder, removed by the next run of that paper)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .claims import ReproError
+
+
+class UnsafePathError(ReproError):
+    """A path in the results folder is a symbolic link (or not what it should be): nothing is written."""
+
+
+class RunLockedError(ReproError):
+    """Another run of the same paper holds the results folder's lock."""
+
+
+def refuse_link(path) -> Path:
+    """`path` unless it is a symbolic link; fedlab-nb never writes or deletes through one in the results folder."""
+    path = Path(path)
+    if path.is_symlink():
+        raise UnsafePathError(f"{path} is a symbolic link (to {os.readlink(path)}); fedlab-nb does not write or "
+                              "delete through links in the results folder: remove the link, or give --results "
+                              "a folder of its own")
+    return path
+
+
+def make_folder(path) -> Path:
+    """mkdir -p, refusing a link at the folder or a file in its place."""
+    path = refuse_link(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UnsafePathError(f"{path} is a file, not a folder; give --results a folder") from None
+    except OSError as e:
+        raise ReproError(f"cannot create the folder {path} ({e.strerror or e}); give --results a writable folder") from None
+    return path
+
+
+# --------------------------------------------------------------------------------------------- the lock
+@contextlib.contextmanager
+def run_lock(results_dir, paper_id: str, scale: str):
+    """Hold `<results>/<paper_id>.lock` for one run; a second run of the same paper raises RunLockedError
+    naming the first (its process, host, scale and start time). The lock is an advisory `flock`, released by
+    the system when its process dies, so a killed run never leaves the paper locked."""
+    import fcntl
+    path = refuse_link(Path(make_folder(results_dir)) / f"{paper_id}.lock")
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunLockedError(f"another run of {paper_id} is writing into {Path(results_dir)} ({_holder(path)}); "
+                                 f"wait for it to finish, or give --results another folder") from None
+        if _same_file(fd, path):  # not unlinked by a run that finished between our open and our flock
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "scale": scale,
+                                 "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                 "command": " ".join(sys.argv[:6])}).encode())
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            if _same_file(fd, path):
+                path.unlink()
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock, from what it wrote into the file."""
+    try:
+        with open(path, "rb") as f:
+            info = json.loads(f.read(4096))
+        return (f"process {int(info['pid'])} on {str(info['host'])[:64]}, scale {str(info['scale'])[:64]}, "
+                f"started {str(info['started'])[:32]}")
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"lock file {path}"
+
+
+# ----------------------------------------------------------------------------------- staging and publishing
+@contextlib.contextmanager
+def staging(out_dir, stem: str):
+    """A fresh hidden folder `<out_dir>/.<stem>.*.running` to run into, removed on the way out; folders left
+    by killed runs of the same stem are removed first (call it under `run_lock`)."""
+    out_dir = make_folder(out_dir)
+    for old in out_dir.glob(f".{stem}.*.running"):
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix=f".{stem}.", suffix=".running", dir=out_dir))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def publish(folder: Path, out_dir, names) -> None:
+    """Move `folder/<name>` to `out_dir/<name>` for each name, in order (put the result file last): a folder
+    replaces the old one (moved into `folder`, deleted with it), a file replaces the old one atomically."""
+    out_dir = Path(out_dir)
+    for name in names:
+        refuse_link(out_dir / name)
+    for name in names:
+        new, final = folder / name, out_dir / name
+        if not new.exists():
+            continue
+        if final.exists() and final.is_dir() != new.is_dir():
+            kind = "folder" if final.is_dir() else "file"
+            raise UnsafePathError(f"{final} is a {kind} where fedlab-nb writes a {'file' if kind == 'folder' else 'folder'}"
+                                  "; move it away")
+        if final.is_dir():
+            final.rename(folder / f"{name}.old")
+        os.replace(new, final)
