@@ -173,7 +173,7 @@ def test_the_paper_verdict_comes_from_its_headline_claims_alone():
               "implementation": "construct", "report": [{"id": "r"}]}
     assert beside(result) == "supporting 1/1 reproduced; checks 2/2 hold; 1 reported"
     assert verdict_label(result) == "construct: not reproduced at this scale"
-    assert headline_rows(result)[0][-1] == ("construct: not reproduced at this scale "
+    assert headline_rows(result)[0][-2] == ("construct: not reproduced at this scale "
                                             "(supporting 1/1 reproduced; checks 2/2 hold; 1 reported)")
     lines = summary_lines([result, dict(result, paper="q", implementation="paper", verdict=C.REPRODUCED)])
     assert lines[0] == "1 papers, by headline verdict: 1 reproduced"

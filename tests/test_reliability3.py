@@ -1,6 +1,7 @@
 """Issue 42 (reliability and security, round three): DP releases a noised θ in every round, relative results
 paths, no writes through symlinks, confined paths, one run of a paper at a time, exit status, printable output,
 corrupt result files."""
+import copy
 import math
 
 import numpy as np
@@ -138,7 +139,7 @@ def edited_root(tmp_path, edit):
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda d: d["scales"].update({"../../../x": d["scales"]["smoke"]}), "is not a scale name"),
+    (lambda d: d["scales"].update({"../../../x": copy.deepcopy(d["scales"]["smoke"])}), "is not a scale name"),
     (lambda d: d.update(notebook="/etc/passwd"), "relative to the repository root"),
     (lambda d: d.update(notebook="../outside.ipynb"), "relative to the repository root"),
 ])
@@ -231,8 +232,8 @@ def test_reproduce_fails_when_a_claim_errors_at_a_non_smoke_scale(tmp_path, caps
     from fedlab_nb.cli import main
 
     def add_unjudgeable(d):
-        d["claims"].append({"id": "unrecorded", "text": "a metric nobody records", "metric": "nowhere",
-                            "expect": "> 0", "verdict": "reproduced"})
+        d["claims"].append({"id": "unrecorded", "role": "supporting", "text": "a metric nobody records",
+                            "metric": "nowhere", "expect": "> 0", "verdict": "reproduced"})
     root = edited_root(tmp_path, add_unjudgeable)
     assert main(cli_args(tmp_path, root) + ["reproduce", "tiny", "--scale", "paper"]) == 1
     captured = capsys.readouterr()
@@ -282,12 +283,14 @@ def test_corrupt_result_files_do_not_break_list_or_report(tmp_path, capsys, corr
     (results / "tiny2-smoke.json").write_text(json.dumps(valid_result("tiny2")))
     assert main(cli_args(tmp_path, root) + ["list"]) == 0
     captured = capsys.readouterr()
-    assert "tiny2 — Tiny — harness fixture (4 claims; last: smoke: reproduced)" in captured.out
-    assert "tiny — Tiny — harness fixture (4 claims; last: smoke: stale (corrupt result file))" in captured.out
+    assert "tiny2 — Tiny — harness fixture: partially reproduced (supporting 0/1 reproduced; checks 1/1 hold; " \
+           "last: smoke: reproduced)" in captured.out
+    assert "tiny — Tiny — harness fixture: partially reproduced (supporting 0/1 reproduced; checks 1/1 hold; " \
+           "last: smoke: stale (corrupt result file))" in captured.out
     [warning] = [line for line in captured.err.splitlines() if "tiny-smoke.json" in line]
     assert warning.startswith("warning: ") and len(warning) < 400
     assert main(cli_args(tmp_path, root) + ["report"]) == 0
-    assert "2 results: " in capsys.readouterr().out
+    assert "2 papers, by headline verdict: " in capsys.readouterr().out
     assert "tiny2" in (results / "REPORT.md").read_text()
 
 
