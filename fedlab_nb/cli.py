@@ -290,7 +290,7 @@ def cmd_reproduce(args) -> int:
     if jobs < 1:
         raise UsageError(f"-j/--jobs must be >= 1 (notebooks run at once), got {args.jobs}")
     opts = {"scale": args.scale, "force": args.force, "device": args.device, "out_dir": str(_results(args, root)),
-            "root": str(root), "all": args.all}
+            "root": str(root), "all": args.all, "progress": jobs == 1 and args.scale != "smoke"}
     status, failed, t0 = 0, [], time.perf_counter()
     if jobs == 1:
         done = (_reproduce_paper(pid, opts) for pid in ids)
@@ -319,13 +319,18 @@ def _reproduce_paper(pid: str, opts: dict) -> tuple:
     from fedlab_nb.repro.runner import mismatches, reproduce
     root, scale, out, err = Path(opts["root"]), opts["scale"], [], []
     try:  # an invalid claims file or a bad parameter: report it, go on with the others
-        missing = C.missing_requirements(C.load_paper(pid, root)) if opts["all"] else []
+        paper = C.load_paper(pid, root)
+        missing = C.missing_requirements(paper) if opts["all"] else []
+        if opts["all"] and scale == "paper" and (paper.paper_scale or {}).get("status") != "runs here":
+            status = (paper.paper_scale or {}).get("status", "not assessed")
+            return pid, 0, [f"{pid} (paper): SKIPPED — {status} (docs/paper_scale.md)"], []
         if missing:  # an optional extra is not installed: not a failure of the reproduction
             return pid, 0, [f"{pid} ({scale}): SKIPPED — needs {', '.join(missing)} "
                             f"(e.g. pip install -e '.[{'flower' if 'flwr' in missing else 'dev'}]')"], []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", StaleResultWarning)
-            r = reproduce(pid, scale, opts["force"], device=opts["device"], out_dir=opts["out_dir"], root=root)
+            r = reproduce(pid, scale, opts["force"], device=opts["device"], out_dir=opts["out_dir"], root=root,
+                          progress=opts["progress"])
         err += _warning_lines(caught)
     except C.ReproError as e:
         return pid, e.exit_code, [], [f"{pid}: error: {e}"]

@@ -59,3 +59,23 @@ def test_the_board_shows_the_stored_paper_scale_beside_smoke(tmp_path):
     text = build_report(results, root)
     assert "| not reproduced at this scale (c: ours 0.42 vs paper 0.91 (Table 2)) |" in text
     assert "ours 0.42 vs paper 0.91 (Table 2)" in (results / "index.html").read_text()
+
+
+@pytest.mark.notebook
+def test_reproduce_all_at_paper_scale_runs_only_what_runs_here(tmp_path, capsys):
+    import shutil
+    import yaml
+    from fedlab_nb.cli import main
+    root, results = tmp_path / "root", tmp_path / "results"
+    shutil.copytree(ROOT / "tests" / "data" / "tinyroot", root)
+    args = ["--root", str(root), "--results", str(results), "reproduce", "--all", "--scale", "paper", "-j", "1"]
+    assert main(args) == 0
+    assert "tiny (paper): SKIPPED — not assessed (docs/paper_scale.md)" in capsys.readouterr().out
+    data = yaml.safe_load((root / "papers" / "tiny.yaml").read_text())
+    data["paper_scale"] = {"setting": "the value 2", "data": "none", "status": "runs here"}
+    (root / "papers" / "tiny.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    main(args)
+    out = capsys.readouterr().out
+    assert "tiny (paper): " in out and "SKIPPED" not in out
+    result = json.loads((results / "tiny-paper.json").read_text())
+    assert result["parameters"]["value"] == 2.0 and "cores" in result["cpu"]

@@ -267,6 +267,18 @@ def content_hash(paper: Paper, params: dict) -> str:
     return h.hexdigest()
 
 
+def cpu_name() -> str:
+    """The CPU a result was computed on: its model name and torch's kernel dispatch level (AVX512, AVX2 ...)."""
+    import torch
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0] if names else platform.processor() or platform.machine()} " \
+           f"({torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)"
+
+
 def _versions() -> dict:
     versions = {"python": platform.python_version()}
     for name in ("torch", "numpy", "papermill", "fedlab_nb"):
@@ -290,10 +302,11 @@ def result_path(paper_id: str, scale: str, out_dir) -> Path:
 
 
 def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, parameters: dict | None = None,
-              device: str | None = None, out_dir=None, root=None) -> dict:
+              device: str | None = None, out_dir=None, root=None, progress: bool = False) -> dict:
     """Run the notebook, check every claim, write results/<id>-<scale>.json and return it.
 
-    An up-to-date result (same hash, not an error) is returned as is with `skipped: True` unless `force`."""
+    An up-to-date result (same hash, not an error) is returned as is with `skipped: True` unless `force`.
+    `progress`: a bar on stderr (cell k of n, elapsed, estimated remaining) — for long runs such as paper scale."""
     root = Path(root or default_root()).absolute()
     out_dir = _out_dir(out_dir, root)
     paper = load_paper(paper_id, root)
@@ -311,7 +324,7 @@ def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, paramete
             elif old.get("hash") == digest and old.get("verdict") != ERROR and _outputs_intact(old, out_dir):
                 return {**old, "skipped": True}
         with staging(out_dir, stem) as tmp:  # the old result and its figures stay until this run completes
-            run = _execute(paper, scale, params, tmp)
+            run = _execute(paper, scale, params, tmp, progress)
             result = judge_run(paper, scale, params, defaults, run, tmp, digest)
             publish(tmp, out_dir, _outputs(stem, result=True))
     return result
@@ -349,7 +362,7 @@ def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict,
         "parameters": params,
         "device": params.get("device", _literal(defaults.get("device"))),
         "seed": params.get("seed", _literal(defaults.get("seed"))),
-        "versions": _versions(), "git_commit": _git_commit(root),
+        "versions": _versions(), "git_commit": _git_commit(root), "cpu": cpu_name(),
         "wall_seconds": run["wall_seconds"], "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "hash": digest,
         "outputs": _output_digests(out_dir, [*([run["notebook"]] if run.get("notebook") else []), *run_dir.iterdir()]),
