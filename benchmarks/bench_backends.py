@@ -15,6 +15,8 @@
     OMP_NUM_THREADS=1 python benchmarks/bench_backends.py [--tiny] [--device cpu|cuda] [--batch 10]
                                   [--client-optimizer sgd|momentum|adam] [--out benchmarks/results]
 
+Against pfl-research (whole rounds, in one run with these backends and Flower): benchmarks/bench_pfl.py.
+
 Prints and writes `bench_backends.csv` (one row per backend and workload), `bench_ratios.csv` and
 `bench_backends.png`. Times are the local-training phase of one round (every client of the federation
 takes part), the fastest of three after a first untimed one, as in a running simulation (whose rounds also
