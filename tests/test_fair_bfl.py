@@ -16,9 +16,27 @@ def test_scores_are_cosines_to_the_aggregate():
     u = torch.randn(5, 7, generator=g, dtype=torch.float64)
     agg = u.mean(0)
     expected = torch.nn.functional.cosine_similarity(u, agg[None], dim=1)
-    assert torch.allclose(contribution_scores(u), expected, atol=1e-12)
+    assert torch.allclose(contribution_scores(u, leave_one_out=False), expected, atol=1e-12)
     u[4] = -3 * u[:4].sum(0)            # an attacker that cancels the others flips its own sign too
-    assert contribution_scores(u).shape == (5,)
+    assert contribution_scores(u, leave_one_out=False).shape == (5,)
+
+
+def test_default_scores_are_cosines_to_the_other_clients_aggregate():
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    w = torch.tensor([1.0, 2.0, 3.0, 1.0, 3.0], dtype=torch.float64)
+    for k in range(5):
+        others = [j for j in range(5) if j != k]
+        ref = (w[others, None] * u[others]).sum(0) / w[others].sum()
+        expected = torch.nn.functional.cosine_similarity(u[k], ref, dim=0)
+        assert abs(contribution_scores(u, w)[k] - expected) < 1e-12
+    # two aligned attackers that outweigh the honest mass: the self-inclusive score pays them, leave-one-out does not
+    honest = torch.tensor([[1.0, 0.3], [1.0, -0.3], [1.0, 0.0], [0.8, 0.5]], dtype=torch.float64)
+    u = torch.cat([honest, -2.0 * honest[2:3], -2.0 * honest[2:3]])
+    inclusive, loo = contribution_scores(u, leave_one_out=False), contribution_scores(u)
+    assert (inclusive[4:] > 0).all() and inclusive[4:].min() > inclusive[:3].max()
+    assert loo[4:].max() < loo[:4].min()
+    assert contribution_scores(u[:1]).item() == pytest.approx(1.0)          # one update: its own reference
 
 
 def test_reward_budget_is_conserved_and_negative_scores_get_nothing():

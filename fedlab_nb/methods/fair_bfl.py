@@ -5,9 +5,11 @@ https://arxiv.org/abs/2206.12899. No official code was found.
 Taught as a contribution-and-reward rule; the blockchain appears only as its immutability concept.
 
 * **Contribution** (what the paper's abstract asks for: a score computed from the updates, not from self-reported
-  data sizes): client k's score in round t is the cosine similarity of its update Δ_k to the aggregated update
-  Δ̄ = Σ_j w_j Δ_j (`contribution_scores`). The full text could not be read offline; the cosine-to-aggregate form is
-  the reading of the paper's rule used here (a construct, named so in the claims file).
+  data sizes): client k's score in round t is the cosine similarity of its update Δ_k to the aggregate of the OTHER
+  clients' updates, Δ̄_{−k} = Σ_{j≠k} w_j Δ_j / Σ_{j≠k} w_j (`contribution_scores`; `leave_one_out=False` gives the
+  self-inclusive Δ̄ = Σ_j w_j Δ_j, which two aligned attackers can pull their way). The full text could not be read
+  offline; the cosine-to-leave-one-out-aggregate form is the reading of the paper's rule used here (a construct,
+  named so in the claims file).
 * **Reward** with a fixed budget B per round: r_k = B · max(s_k, 0) / Σ_j max(s_j, 0) (`reward_shares`); a client
   with s_k ≤ 0 gets nothing, and Σ_k r_k = B exactly (up to float rounding).
 * **Ground truth**: exact Shapley values (Shapley 1953) of a cheap utility, v(S) = validation accuracy of
@@ -38,16 +40,23 @@ from .base import DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerSG
 MAX_SHAPLEY_CLIENTS = 12   # 4,096 coalitions; beyond that use a Monte Carlo estimate
 
 
-def contribution_scores(updates: torch.Tensor, weights: torch.Tensor | None = None, eps: float = 1e-12) -> torch.Tensor:
-    """s_k = cos(Δ_k, Δ̄) with Δ̄ = Σ_j w_j Δ_j (w: normalised `weights`, uniform if None), for the [m, d] updates."""
+def contribution_scores(updates: torch.Tensor, weights: torch.Tensor | None = None, eps: float = 1e-12,
+                        leave_one_out: bool = True) -> torch.Tensor:
+    """s_k = cos(Δ_k, Δ̄_{−k}) with the leave-one-out reference Δ̄_{−k} = Σ_{j≠k} w_j Δ_j (w: `weights`, uniform if
+    None; its scale does not change a cosine), for the [m, d] updates; with one update the reference is the update
+    itself. `leave_one_out=False`: s_k = cos(Δ_k, Δ̄) with the self-inclusive Δ̄ = Σ_j w_j Δ_j."""
     if not isinstance(updates, torch.Tensor) or updates.dim() != 2 or updates.shape[0] == 0:
         raise ValueError("updates must be a tensor of shape [m, d] with m >= 1")
     w = torch.full((updates.shape[0],), 1.0 / updates.shape[0], dtype=updates.dtype) if weights is None \
         else torch.as_tensor(weights, dtype=updates.dtype)
     if w.shape != (updates.shape[0],) or (w < 0).any() or w.sum() <= 0:
         raise ValueError(f"weights must be non-negative of shape [{updates.shape[0]}] with a positive sum")
-    aggregate = (w / w.sum()) @ updates
-    return (updates @ aggregate) / (updates.norm(dim=1) * aggregate.norm()).clamp_min(eps)
+    w = w / w.sum()
+    aggregate = w @ updates
+    if not leave_one_out or updates.shape[0] == 1:
+        return (updates @ aggregate) / (updates.norm(dim=1) * aggregate.norm()).clamp_min(eps)
+    reference = aggregate[None, :] - w[:, None] * updates              # row k: Σ_{j≠k} w_j Δ_j
+    return (updates * reference).sum(1) / (updates.norm(dim=1) * reference.norm(dim=1)).clamp_min(eps)
 
 
 def reward_shares(scores, budget: float) -> np.ndarray:
@@ -134,12 +143,14 @@ class FairBFLRule:
     round's contribution scores, rewards from the fixed `budget`, a ledger record and — when `val` = (x, y) and
     `model` are given — exact Shapley values of the averaged-update utility every `shapley_every` rounds.
     `discard_below`: drop updates whose score is below this value from the aggregate (None: keep all).
+    `leave_one_out`: score each update against the other clients' aggregate (default) or the self-inclusive one.
     History columns `bfl_score<k>`, `bfl_reward<k>`, `bfl_shapley<k>` (NaN where absent)."""
     budget: float = 1.0
     model: torch.nn.Module | None = None
     val: tuple | None = None
     shapley_every: int = 1
     discard_below: float | None = None
+    leave_one_out: bool = True
     uses_context = True
 
     def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
@@ -149,7 +160,8 @@ class FairBFLRule:
         return {"score": nan.copy(), "reward": nan.copy(), "shapley": nan.copy(), "ledger": Ledger(), "log": []}
 
     def aggregate(self, state: dict, updates: torch.Tensor, weights: torch.Tensor | None, info: RoundInfo):
-        scores = contribution_scores(updates.double(), None if weights is None else weights.double())
+        scores = contribution_scores(updates.double(), None if weights is None else weights.double(),
+                                     leave_one_out=self.leave_one_out)
         rewards = reward_shares(scores.numpy(), self.budget)
         ids = np.asarray(info.client_ids)
         new = {**state, **{k: np.full(info.num_clients, np.nan) for k in ("score", "reward", "shapley")}}
@@ -173,7 +185,7 @@ class FairBFLRule:
 
 @register("fair_bfl", claims="fair_bfl", notebook="fair_bfl", kind="module")
 def fair_bfl(budget: float = 1.0, model: torch.nn.Module | None = None, val: tuple | None = None,
-             shapley_every: int = 1, discard_below: float | None = None) -> Method:
+             shapley_every: int = 1, discard_below: float | None = None, leave_one_out: bool = True) -> Method:
     """FedAvg's local training and size weights, aggregated by `FairBFLRule` (scores, rewards, ledger, Shapley)."""
     return Method("fair_bfl", LocalObjective(), DataSizeWeighting(),
-                  FairBFLRule(budget, model, val, shapley_every, discard_below), ServerSGD(lr=1.0))
+                  FairBFLRule(budget, model, val, shapley_every, discard_below, leave_one_out), ServerSGD(lr=1.0))
