@@ -21,6 +21,7 @@ from ..core.streams import ATTACK, BATCHES, DOWNLINK, POISON, SAMPLE, STRAGGLE, 
 from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
 from ..utils import check_positive_int, rng
+from . import batched
 from .checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
@@ -125,7 +126,6 @@ def pick_backend(cfg: RunConfig, method: Method, model: torch.nn.Module | None =
     else the loop. Models with buffers (BatchNorm running statistics, updated in place) train on the loop."""
     if cfg.backend == "loop":
         return train_clients_loop
-    from . import batched
     buffers = model is not None and next(model.buffers(), None) is not None
     if method.vmappable and not buffers:
         return batched.train_clients_vmap if cfg.backend == "vmap" else batched.train_clients_fused
