@@ -9,8 +9,8 @@ Trilemma in Distributed Learning", ICML 2023 (arXiv 2302.04787). Aggregation rul
 
 Honest workers protect their own data against every other entity (local DP): worker i holds m points in an ℓ2
 ball of radius B and releases its mean plus N(0, σ²I), σ = z · 2B/m (replace-one sensitivity of a mean), with z
-calibrated to (ε, δ) by dp-accounting (`privacy.accounting.noise_for_epsilon`). The classic Dwork–Roth σ is given
-too (`classic_sigma`, valid for ε < 1).
+calibrated to (ε, δ) by dp-accounting (`methods.privacy.accounting.noise_for_epsilon`). The classic Dwork–Roth
+σ is given too (`classic_sigma`, valid for ε < 1).
 
 The error bound used in the notebook is derived here, in the form the paper's analysis takes (error controlled by
 the honest vectors' top eigenvalue, not their trace): for any S of size n − f with λ_max(Σ_S) ≤ λ_max(Σ_H),
@@ -42,7 +42,7 @@ def _check_f(updates: Tensor, f) -> int:
     if isinstance(f, bool) or not isinstance(f, numbers.Integral) or not 0 <= f or not 2 * f < n:
         raise ValueError(f"f must be an int with 0 <= 2f < n = {n}, got {f!r}; SMEA needs an honest majority")
     if not torch.isfinite(updates).all():
-        raise ValueError("updates contain NaN/Inf; drop those rows first (robust.rules.drop_nonfinite)")
+        raise ValueError("updates contain NaN/Inf; drop those rows first (robustness.rules.drop_nonfinite)")
     return int(f)
 
 

@@ -13,14 +13,15 @@ and the existing aggregation rules against them.
       G' = X + (η/m) Σ_{benign i} (L_i − G)  ≈ X   once the benign updates are small (a converged model).
 
   Single-shot: the attacker takes part in one round; repeated: in every round. Here the boost is the message
-  attack `robust.attacks.scaled`, the backdoored training is the `PixelTrigger` poison.
+  attack `robustness.attacks.scaled`, the backdoored training is the `PixelTrigger` poison.
 - Norm clipping: Sun, Kairouz, Suresh, McMahan, "Can You Really Backdoor Federated Learning?", 2019
   (arXiv:1911.07963): the server clips every update to ‖Δ_k‖ ≤ M, Δ_k ← Δ_k / max(1, ‖Δ_k‖ / M), averages, and
   ("weak DP") may add N(0, σ² I) to the aggregate. `NormClipping` is that rule (per-update clipping, as the paper
   writes it; the TFF research code `aggregate_fn.build_aggregate_and_clip` clips the aggregate instead).
 
 The other rules are the library's: FedAvg (the uniform mean, so that γ = m / η is exact), coordinate median,
-Krum (`methods.robust.robust_method`) and FLTrust with a server root set (`methods.fedcpa.fltrust_method`).
+Krum (`robust_aggregation.robust_method`) and FLTrust with a server root set (`fedcpa.fltrust_method`), both
+in this chapter.
 """
 from __future__ import annotations
 

@@ -167,7 +167,7 @@ def fedcpa(model: torch.nn.Module | None = None, frac: float = 0.01, server_lr: 
 class RootTrustRule:
     """FLTrust (Cao, Fang, Liu, Gong, NDSS 2021): each round the server trains θ on its small clean root set
     (`epochs` of SGD, batch `batch_size`, step `lr`; batch order keyed by (seed, round)) to get g_0, then
-    applies `robust.rules.fltrust`."""
+    applies `robustness.rules.fltrust`."""
     model: torch.nn.Module
     root: tuple
     lr: float = 0.05

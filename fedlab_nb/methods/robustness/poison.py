@@ -111,7 +111,7 @@ def attack_success_rate(model, theta: torch.Tensor, x: torch.Tensor, y: torch.Te
 
 def model_replacement_scale(clients_per_round: int, server_lr: float = 1.0) -> float:
     """Bagdasaryan et al.'s boost γ = n / η: with n clients averaged and server learning rate η, the
-    attacker's update scaled by γ replaces the global model (`robust.attacks.get_attack("scaled", scale=γ)`,
+    attacker's update scaled by γ replaces the global model (`robustness.attacks.get_attack("scaled", scale=γ)`,
     passed to `simulate(attack=..., byzantine=...)`)."""
     if clients_per_round < 1 or not server_lr > 0:
         raise ValueError(f"clients_per_round must be >= 1 and server_lr > 0, got {clients_per_round}, {server_lr}")
