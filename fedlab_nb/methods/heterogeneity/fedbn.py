@@ -13,9 +13,8 @@ BatchNorm updates its running statistics in place, which vmap cannot batch (the 
 from __future__ import annotations
 
 from ...core.groups import ParamGroups
-from ...core.method import ClientUpdate
+from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
 from ...core.registry import register
-from ...core.method import DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
 from ..heads import as_patterns
 
 

@@ -41,11 +41,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from ...core.method import Method, RoundInfo, ServerAssign, ServerSGD, weighted_mean
 from ...core.registry import register
 from ...core.streams import register_stream
 from ...models import flatten_params, param_spec, unflatten
-from ...core.method import ServerAssign
-from ...core.method import Method, RoundInfo, ServerSGD, weighted_mean
+from ..basics.fedavg import fedavg
+from .fedprox import fedprox
 
 FEDFTG_STREAM = register_stream("fedftg", 63)   # the server's generator init, z and label draws
 
@@ -256,8 +257,6 @@ class FedFTGRule:
 
 
 def _plain_host(host) -> Method:
-    from ..basics.fedavg import fedavg
-    from .fedprox import fedprox
     if isinstance(host, str):
         makers = {"fedavg": fedavg, "fedprox": fedprox}
         if host not in makers:

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...core.method import ClientUpdate, LocalObjective, Method, Track
+from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, ServerSGD, Track, weighted_mean
 from ...core.registry import register
-from ...core.method import DataSizeWeighting, ServerSGD, weighted_mean
 from ..heterogeneity.fedprox import ProximalObjective
 
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.groups import ParamGroups
-from ...core.method import ClientUpdate
+from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
 from ...core.registry import register
 from ...core.round import LocalJob, batch_schedule
 from ...core.streams import register_stream
 from ...utils import rng
-from ...core.method import DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
 
 FINETUNE = register_stream("finetune", 11)   # the evaluation-time fine-tuning batches
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core.method import ClientUpdate, Track
+from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, ServerSGD, Track, weighted_mean
 from ...core.registry import register
-from ...core.method import DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
 from ..heads import BODY, HEAD, HeadSplit, as_patterns
 
 

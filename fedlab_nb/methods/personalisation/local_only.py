@@ -8,9 +8,8 @@ its own test split (a never-sampled client is scored with θ₀). No paper: the 
 from __future__ import annotations
 
 from ...core.groups import ParamGroups
-from ...core.method import ServerKeep
+from ...core.method import DataSizeWeighting, LocalObjective, Method, ServerKeep, weighted_mean
 from ...core.registry import register
-from ...core.method import DataSizeWeighting, LocalObjective, Method, weighted_mean
 
 
 @register("local_only", claims="personalisation_baselines", notebook="personalisation_baselines")

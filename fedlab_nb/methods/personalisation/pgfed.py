@@ -33,10 +33,9 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad_and_value
 
-from ...core.method import ClientUpdate, LocalObjective, Method, RoundInfo
+from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerSGD, weighted_mean
 from ...core.registry import register
 from ...core.round import LocalJob
-from ...core.method import DataSizeWeighting, ServerSGD, weighted_mean
 
 
 # --- the core computation --------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from ...core.streams import register_stream
 from ...engine import simulate
 from ...lora import LoRALayout, add_lora
 from ...utils import check_positive_int, rng
+from . import accounting
 
 DP_SGD = register_stream("dp_sgd", 26)   # each client's Poisson batches and Gaussian noise in DP-SGD
 VARIANTS = ("fedsvd", "ffa", "dp_lora")
@@ -88,15 +89,13 @@ def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, round
                          accountant: str = "rdp") -> float:
     """z giving each client (ε, δ)-DP at the sample level after `rounds` × `local_steps` DP-SGD steps of
     Poisson rate q (`fedlab_nb.methods.privacy.accounting.noise_for_epsilon`, dp-accounting's calibration)."""
-    from .accounting import noise_for_epsilon
-    return noise_for_epsilon(epsilon, sample_rate, rounds * local_steps, delta, accountant=accountant)
+    return accounting.noise_for_epsilon(epsilon, sample_rate, rounds * local_steps, delta, accountant=accountant)
 
 
 def spent_epsilon(noise_multiplier: float, delta: float, sample_rate: float, rounds: int, local_steps: int,
                   accountant: str = "rdp") -> float:
     """ε each client has spent after `rounds` × `local_steps` steps (inf without noise)."""
-    from .accounting import epsilon
-    return epsilon(sample_rate, noise_multiplier, rounds * local_steps, delta, accountant=accountant)
+    return accounting.epsilon(sample_rate, noise_multiplier, rounds * local_steps, delta, accountant=accountant)
 
 
 # ----------------------------------------------------------------------------------------------------
