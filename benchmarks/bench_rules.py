@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from fedlab_nb.robust.rules import get_rule
+from fedlab_nb.methods.robustness.rules import get_rule
 
 CASES = {
     "mean": ("mean", {}),

@@ -118,10 +118,7 @@ def _results(args, root: Path) -> Path:
 def _registry() -> dict:
     """The method registry with every method module loaded (and the Flower adapter when flwr is installed)."""
     import importlib
-    import fedlab_nb.methods  # noqa: F401  (each method file registers itself)
-    import fedlab_nb.privacy  # noqa: F401  (privacy defences and attacks register themselves too)
-    import fedlab_nb.bilevel  # noqa: F401  (and the bilevel toolkit's notebooks)
-    import fedlab_nb.beyond  # noqa: F401  (and the aggregation-beyond-FL notebooks)
+    import fedlab_nb.methods  # noqa: F401  (it imports every chapter; each method file registers itself)
     from fedlab_nb.core.registry import REGISTRY
     try:
         importlib.import_module("fedlab_nb.flower")

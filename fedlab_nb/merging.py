@@ -12,8 +12,10 @@ module gives the pieces every merge notebook reuses, all on the library's flat v
 - predictions and calibration: `predict_proba`, `accuracy`, `nll`, `ece` (equal-width bins), `brier`,
   `ood_auroc` (maximum softmax probability, Hendrycks & Gimpel, ICLR 2017);
 - `merge_baselines`: the same baseline table for every merge notebook — θ₀, each fine-tuned model, the plain
-  average, task arithmetic with λ tuned on validation data, the diagonal Fisher merge (reused from
-  `methods.fisher_merging`, not rewritten) and the output ensemble (mean predicted probabilities).
+  average, task arithmetic with λ tuned on validation data, the diagonal Fisher merge and the output ensemble
+  (mean predicted probabilities);
+- `diagonal_fisher` and `fisher_merge` (Matena & Raffel, NeurIPS 2022): the Fisher merge, here because the merge
+  notebooks and the one-shot federated method (`methods/communication/fisher_merging.py`) both use it.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from torch.func import functional_call
+from torch.func import functional_call, grad, jacrev, vmap
 
 from .models import flatten_params, param_spec, unflatten
 
@@ -189,7 +191,6 @@ def merge_baselines(model: torch.nn.Module, theta0: torch.Tensor, thetas, val: t
     weights), "task arithmetic" (λ chosen on `val` = (x, y); the column "lambda" holds it), "Fisher merge"
     (when `fisher_data` gives each model's (x, y) rows for its diagonal Fisher) and "output ensemble".
     Extra merges of a notebook are scored with the same `predict_proba`/`accuracy` pair."""
-    from .methods.fisher_merging import diagonal_fisher, fisher_merge
     t = stack_thetas(thetas)
     names = list(names) if names is not None else [f"model {k}" for k in range(len(t))]
     if len(names) != len(t):
@@ -211,3 +212,76 @@ def merge_baselines(model: torch.nn.Module, theta0: torch.Tensor, thetas, val: t
     table = pd.DataFrame(rows).T
     table["lambda"] = np.where(table.index == "task arithmetic", lam, np.nan)
     return table
+
+
+# --- Fisher merging (Matena & Raffel, NeurIPS 2022); the federated method: methods/communication/fisher_merging.py
+FISHER_FLOOR = 1e-6  # the official code's default `fisher_floor`
+
+
+# --- the diagonal Fisher -------------------------------------------------------------------------
+def _log_probs(model, spec):
+    def f(flat, x_row):
+        return torch.log_softmax(functional_call(model, unflatten(flat, spec), (x_row.unsqueeze(0),))[0], -1)
+    return f
+
+
+def diagonal_fisher(model: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None = None,
+                    kind: str = "exact", chunk: int = 128) -> torch.Tensor:
+    """The diagonal Fisher [d] of the classifier `model` at flat parameters `theta` on the rows x.
+
+    kind="exact" (the paper's code): mean over rows of Σ_c p(c|x) (∇ log p(c|x))², from per-sample
+    Jacobians of the log-probabilities (torch.func.jacrev under vmap). kind="empirical": mean over rows
+    of (∇ log p(y|x))² with the true labels y."""
+    if kind not in ("exact", "empirical"):
+        raise ValueError(f"kind must be 'exact' (expectation over the model's labels) or 'empirical' (true labels), "
+                         f"got {kind!r}")
+    if len(x) == 0:
+        raise ValueError("diagonal_fisher needs at least one row of x")
+    if kind == "empirical" and (y is None or len(y) != len(x)):
+        raise ValueError("kind='empirical' needs the labels y, one per row of x")
+    if next(model.buffers(), None) is not None:
+        raise ValueError("diagonal_fisher supports models without buffers (no BatchNorm); use 'logreg', 'mlp' or 'cnn'")
+    log_p = _log_probs(model, param_spec(model))
+    theta = theta.detach()
+    total = torch.zeros_like(theta)
+    for i in range(0, len(x), chunk):
+        xb = x[i:i + chunk].to(theta.dtype)
+        if kind == "exact":
+            jac = vmap(jacrev(log_p), in_dims=(None, 0))(theta, xb)             # [b, C, d]
+            p = vmap(log_p, in_dims=(None, 0))(theta, xb).exp()                 # [b, C]
+            total += torch.einsum("bc,bcd->d", p, jac.square())
+        else:
+            yb = y[i:i + chunk]
+            g = vmap(grad(lambda f, xr, yr: log_p(f, xr).gather(0, yr[None])[0]), in_dims=(None, 0, 0))(theta, xb, yb)
+            total += g.square().sum(0)
+    return total / len(x)
+
+
+# --- the merge -----------------------------------------------------------------------------------
+def fisher_merge(thetas: torch.Tensor, fishers: torch.Tensor, weights: torch.Tensor | None = None,
+                 floor: float = FISHER_FLOOR, normalize: bool = False) -> torch.Tensor:
+    """θ = Σ_k c_k θ_k with per-parameter coefficients c_k = λ_k F̃_k / Σ_j λ_j F̃_j, F̃_k = max(F_k, floor).
+
+    Written with normalised coefficients so that one model merges to itself exactly (c = 1).
+    `weights`: λ_k (None: all 1). `normalize`: divide λ_k by ‖F_k‖₂ (the official code's default)."""
+    if thetas.ndim != 2 or thetas.shape != fishers.shape:
+        raise ValueError(f"thetas and fishers must both be [K, d] and of one shape, got {tuple(thetas.shape)} "
+                         f"and {tuple(fishers.shape)}")
+    if len(thetas) == 0:
+        raise ValueError("fisher_merge needs at least one model")
+    if (fishers < 0).any():
+        raise ValueError("a Fisher diagonal is a mean of squares and cannot be negative")
+    if not floor >= 0:
+        raise ValueError(f"floor (ε) must be >= 0, got {floor}")
+    lam = torch.ones(len(thetas), dtype=thetas.dtype, device=thetas.device) if weights is None \
+        else torch.as_tensor(weights, dtype=thetas.dtype, device=thetas.device)
+    if lam.shape != (len(thetas),) or (lam < 0).any() or lam.sum() <= 0:
+        raise ValueError(f"weights must be {len(thetas)} non-negative merging coefficients with a positive sum")
+    f = fishers.to(thetas.dtype).clamp_min(floor)
+    if normalize:
+        lam = lam / fishers.to(thetas.dtype).norm(dim=1)
+    precision = lam[:, None] * f
+    total = precision.sum(0)
+    if (total <= 0).any():
+        raise ValueError("some parameter has zero total Fisher weight: use floor > 0")
+    return ((precision / total) * thetas).sum(0)

@@ -1,4 +1,4 @@
-"""PGD (fedlab_nb.adversarial): ball and box constraints, eps = 0, ascent, and the closed-form worst case
+"""PGD (fedlab_nb.methods.more.adversarial): ball and box constraints, eps = 0, ascent, and the closed-form worst case
 of a linear logistic model under an ℓ∞ ball (Goodfellow et al. 2015; Madry et al. 2018)."""
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_breast_cancer
 
-from fedlab_nb.adversarial import pgd, robust_accuracy
+from fedlab_nb.methods.more.adversarial import pgd, robust_accuracy
 
 torch.set_num_threads(1)
 

@@ -1,10 +1,10 @@
-"""AFL (fedlab_nb.methods.afl): the AA law is the ridge solution on the union of the clients' data, the
+"""AFL (fedlab_nb.methods.weights.afl): the AA law is the ridge solution on the union of the clients' data, the
 removal step gives back least squares, and both hold for any split of the rows, including 1,000 clients."""
 import numpy as np
 import pytest
 import torch
 
-from fedlab_nb.methods import afl as A
+from fedlab_nb.methods.weights import afl as A
 
 D, C = 12, 3
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from fedlab_nb.privacy import aggregate_responses as A
+from fedlab_nb.methods.privacy import aggregate_responses as A
 
 
 def _data(n=60, d=4, k=3, seed=0, bagging="random"):

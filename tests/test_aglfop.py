@@ -1,4 +1,4 @@
-"""AGLFOP (fedlab_nb.methods.aglfop): the canonical examples, the chain-rule identity and bound, the PID
+"""AGLFOP (fedlab_nb.methods.more.aglfop): the canonical examples, the chain-rule identity and bound, the PID
 identities of global / local disparity, the frontier's monotonicity and the local-implies-global ordering,
 the paper's client splits, and the errors."""
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from fedlab_nb.methods import aglfop as A
+from fedlab_nb.methods.more import aglfop as A
 
 
 @pytest.mark.parametrize("case,values", [("unique", (1, 1, 1, 0, 0)), ("redundant", (1, 0, 0, 1, 0)),

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.func import grad
 
 import fedlab_nb as fl
-from fedlab_nb.methods.apfl import APFLClient, apfl_client, apfl_step, mixture
+from fedlab_nb.methods.personalisation.apfl import APFLClient, apfl_client, apfl_step, mixture
 
 D, C = 5, 3
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 from scipy import stats
 
-from fedlab_nb.robust.attacks import (ATTACKS, alie, alie_z, choose_byzantine, flip_labels, gaussian_noise,
+from fedlab_nb.methods.robustness.attacks import (ATTACKS, alie, alie_z, choose_byzantine, flip_labels, gaussian_noise,
                                       get_attack, ipm, scaled, sign_flip)
-from fedlab_nb.robust.rules import coordinate_median, gas, mean
+from fedlab_nb.methods.robustness.rules import coordinate_median, gas, mean
 
 
 def setup(n=10, d=6, f=3, seed=0):

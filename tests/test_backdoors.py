@@ -7,11 +7,11 @@ import torch
 
 import fedlab_nb as fl
 from fedlab_nb.core.method import RoundInfo
-from fedlab_nb.methods.backdoors import (AttackerSampler, LongerTraining, NormClipping, backdoor_run, defence,
+from fedlab_nb.methods.robustness.backdoors import (AttackerSampler, LongerTraining, NormClipping, backdoor_run, defence,
                                          norm_clipping_method, replacement_boost)
-from fedlab_nb.methods.robust import robust_method
-from fedlab_nb.poison import PixelTrigger, attack_success_rate, corner_pattern
-from fedlab_nb.robust.attacks import get_attack
+from fedlab_nb.methods.robustness.robust_aggregation import robust_method
+from fedlab_nb.methods.robustness.poison import PixelTrigger, attack_success_rate, corner_pattern
+from fedlab_nb.methods.robustness.attacks import get_attack
 
 
 def _info(m, theta, round=0, seed=0):

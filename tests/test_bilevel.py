@@ -4,12 +4,12 @@ import warnings
 import pytest
 import torch
 
-from fedlab_nb.bilevel import derivatives as D
-from fedlab_nb.bilevel import implicit as I
-from fedlab_nb.bilevel import penalty as P
-from fedlab_nb.bilevel import problems as Q
-from fedlab_nb.bilevel import unrolled as U
-from fedlab_nb.bilevel import warmstart as W
+from fedlab_nb.methods.bilevel import derivatives as D
+from fedlab_nb.methods.bilevel import implicit as I
+from fedlab_nb.methods.bilevel import pbgd as P
+from fedlab_nb.methods.bilevel import problems as Q
+from fedlab_nb.methods.bilevel import hypergradients as U
+from fedlab_nb.methods.bilevel import warm_cold_start as W
 
 torch.set_num_threads(1)
 DT = torch.float64

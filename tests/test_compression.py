@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fedlab_nb as fl
-from fedlab_nb import compression as C
+from fedlab_nb.methods.communication import compression as C
 from fedlab_nb.core.messages import Messages, TransformContext
 
 PY = sys.executable
@@ -128,7 +128,7 @@ def test_bad_inputs_raise_clear_errors(bad, match):
 
 RUN = textwrap.dedent("""
     import os, sys, torch, fedlab_nb as fl
-    from fedlab_nb import compression as C
+    from fedlab_nb.methods.communication import compression as C
     fed = fl.federate("digits", "dirichlet", n_clients=8, alpha=0.5, seed=0, min_size=20)
     def die(r, theta, row):
         if r == int(os.environ.get("DIE_AT", "-1")):
@@ -159,7 +159,7 @@ def test_error_feedback_survives_resume_in_a_new_process(tmp_path):
 # --- downlink ----------------------------------------------------------------------------------------------
 def test_downlink_lossless_equals_plain_and_bytes_are_the_payload():
     import fedlab_nb as fl
-    from fedlab_nb.compression import TopK, with_downlink
+    from fedlab_nb.methods.communication.compression import TopK, with_downlink
     fed = fl.federate("digits", "iid", n_clients=4, seed=0)
     plain = fl.simulate("fedavg", fed, "logreg", rounds=3, progress=False, backend="loop")
     full = fl.simulate(with_downlink(fl.get_method("fedavg"), TopK(1.0)), fed, "logreg", rounds=3, progress=False,
@@ -170,7 +170,7 @@ def test_downlink_lossless_equals_plain_and_bytes_are_the_payload():
 
 
 def test_downlink_copy_lags_by_exactly_what_was_not_sent():
-    from fedlab_nb.compression import DownlinkCompress, TopK
+    from fedlab_nb.methods.communication.compression import DownlinkCompress, TopK
     g = torch.Generator().manual_seed(0)
     theta0 = torch.randn(50, generator=g)
     step = DownlinkCompress(TopK(5))
@@ -188,7 +188,7 @@ def test_downlink_copy_lags_by_exactly_what_was_not_sent():
 
 def test_downlink_state_is_checkpointed_and_resumes(tmp_path):
     import fedlab_nb as fl
-    from fedlab_nb.compression import TopK, with_downlink
+    from fedlab_nb.methods.communication.compression import TopK, with_downlink
     fed = fl.federate("digits", "iid", n_clients=4, seed=0)
     method = lambda: with_downlink(fl.get_method("fedavg"), TopK(0.2))
     whole = fl.simulate(method(), fed, "logreg", rounds=4, progress=False)

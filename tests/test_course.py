@@ -236,3 +236,22 @@ def test_wrong_answer_in_the_student_version_says_try_again(written, capsys):
                     if not check_exercise(expectation, filled[call.args[1].id], **kwargs):
                         break
                 assert last_line(capsys).startswith("TRY AGAIN:"), f"{path.name}: {expectation}"
+
+
+# ---------------------------------------------------------------------------------------------- chapters
+def test_chapter_folders_are_the_lessons():
+    """fedlab_nb/methods/<chapter>/ exists for each lesson key of LESSONS and names no other."""
+    methods = Path(__file__).resolve().parents[1] / "fedlab_nb" / "methods"
+    folders = {p.name for p in methods.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == {lesson.key for lesson in course.LESSONS}
+
+
+def test_each_method_file_sits_in_its_lesson_chapter():
+    """A registered entry under fedlab_nb.methods lives in the chapter folder of its paper's lesson."""
+    import fedlab_nb.methods  # noqa: F401  (imports every chapter: the registry is complete)
+    from fedlab_nb.core.registry import REGISTRY
+    lesson = {p: lesson.key for lesson in course.LESSONS for p in lesson.papers}
+    wrong = [f"{e.key}: {e.module} (paper {e.claims}, lesson {lesson[e.claims]})" for e in REGISTRY.values()
+             if e.module.startswith("fedlab_nb.methods.") and e.claims in lesson
+             and e.module.split(".")[2] != lesson[e.claims]]
+    assert not wrong, wrong

@@ -1,11 +1,11 @@
-"""Cocktail Party Attack (fedlab_nb/privacy/cpa.py): the gradient identities it rests on, the exact B = 1 case,
+"""Cocktail Party Attack (fedlab_nb/methods/privacy/cpa.py): the gradient identities it rests on, the exact B = 1 case,
 ICA on synthetic independent sources, the sign/permutation-invariant scoring, and secure aggregation."""
 import numpy as np
 import pytest
 import torch
 
 from fedlab_nb.models import make_model
-from fedlab_nb.privacy import cpa
+from fedlab_nb.methods.privacy import cpa
 
 
 def _model(d=60, h=48, seed=0):

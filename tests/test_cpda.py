@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlab_nb.privacy import cpda as C
+from fedlab_nb.methods.privacy import cpda as C
 
 
 def _run(m=3, length=None, seed=0, lo=-1000, hi=1000):

@@ -1,10 +1,10 @@
-"""DCA / DCWA (fedlab_nb.beyond.dca): layouts and parameter counts, the M = 1 identity in float64, combinations,
+"""DCA / DCWA (fedlab_nb.methods.beyond.dca): layouts and parameter counts, the M = 1 identity in float64, combinations,
 plain training = merging.fit, the consistency KL against torch."""
 import pytest
 import torch
 
 from fedlab_nb import merging
-from fedlab_nb.beyond import dca as D
+from fedlab_nb.methods.beyond import dca as D
 from fedlab_nb.models import flatten_params, make_model
 
 

@@ -13,10 +13,10 @@ from fedlab_nb.core.messages import Messages
 from fedlab_nb.core.method import Method, RoundInfo, ServerSGD, UniformWeighting, weighted_mean
 from fedlab_nb.core.streams import SAMPLE
 from fedlab_nb.engine.sampling import UniformSampler
-from fedlab_nb.methods.base import LocalObjective
-from fedlab_nb.methods.dp_fedavg import dp_fedavg, dp_fedavg_with_sampler, local_dp_fedavg
-from fedlab_nb.privacy import accounting
-from fedlab_nb.privacy.dp import (ClipUpdates, DPAggregate, LocalGaussianNoise, adaptive_noise_split, central_epsilon,
+from fedlab_nb.core.method import LocalObjective
+from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg, dp_fedavg_with_sampler, local_dp_fedavg
+from fedlab_nb.methods.privacy import accounting
+from fedlab_nb.methods.privacy.dp import (ClipUpdates, DPAggregate, LocalGaussianNoise, adaptive_noise_split, central_epsilon,
                                   clip_rows, dp_sampler, local_epsilon)
 from fedlab_nb.utils import rng
 

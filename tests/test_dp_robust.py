@@ -1,4 +1,4 @@
-"""SMEA and the private + robust mean estimate (fedlab_nb/privacy/dp_robust.py), float64."""
+"""SMEA and the private + robust mean estimate (fedlab_nb/methods/more/dp_robust.py), float64."""
 import itertools
 import math
 
@@ -7,9 +7,9 @@ import pytest
 import scipy.linalg
 import torch
 
-from fedlab_nb.privacy import accounting
-from fedlab_nb.privacy import dp_robust as R
-from fedlab_nb.robust.attacks import choose_byzantine, get_attack
+from fedlab_nb.methods.privacy import accounting
+from fedlab_nb.methods.more import dp_robust as R
+from fedlab_nb.methods.robustness.attacks import choose_byzantine, get_attack
 
 
 def _points(n, d, seed):
@@ -97,8 +97,8 @@ def test_smea_in_the_method_rule_slot():
     # f = 0: SMEA in the round pipeline is uniform-weight FedAvg; f = 2 with ALIE runs end to end
     import functools
     import fedlab_nb as fl
-    from fedlab_nb.methods.robust import robust_method
-    from fedlab_nb.methods.base import LocalObjective, Method, ServerSGD, UniformWeighting
+    from fedlab_nb.methods.robustness.robust_aggregation import robust_method
+    from fedlab_nb.core.method import LocalObjective, Method, ServerSGD, UniformWeighting
     fed = fl.federate("digits", partition="iid", n_clients=6, seed=0)
     kw = dict(rounds=2, clients_per_round=6, local_epochs=1, batch_size=32, lr=0.1, seed=0, progress=False)
     smea0 = Method("smea", LocalObjective(), UniformWeighting(), functools.partial(R.smea, f=0), ServerSGD(lr=1.0))

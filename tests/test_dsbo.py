@@ -1,11 +1,11 @@
-"""DSBO (fedlab_nb/bilevel/dsbo.py): matrix-free iterates equal explicit-Hessian ones, the closed-form
+"""DSBO (fedlab_nb/methods/bilevel/dsbo.py): matrix-free iterates equal explicit-Hessian ones, the closed-form
 hypergradient of the test problem, convergence without heterogeneity, the memory probe, errors."""
 import pytest
 import torch
 from torch.func import grad
 
 from fedlab_nb import gossip as G
-from fedlab_nb.bilevel import dsbo as D
+from fedlab_nb.methods.bilevel import dsbo as D
 
 W = G.metropolis_weights(G.ring(4))
 

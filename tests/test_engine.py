@@ -7,7 +7,7 @@ import fedlab_nb as fl
 from fedlab_nb.engine import History, NonFiniteUpdateError
 from fedlab_nb.engine.client import batch_schedule
 from fedlab_nb.methods import RoundInfo, weighted_mean
-from fedlab_nb.methods.scaffold import ControlVariateObjective
+from fedlab_nb.methods.heterogeneity.scaffold import ControlVariateObjective
 from fedlab_nb.utils import rng
 
 KW = dict(model="logreg", rounds=3, clients_per_round=4, lr=0.1, progress=False, backend="loop")

@@ -1,12 +1,12 @@
-"""Evolutionary merge (fedlab_nb/beyond/evo_merge.py): the search-space special cases (< 1e-12), the elitist
+"""Evolutionary merge (fedlab_nb/methods/beyond/evolutionary_merge.py): the search-space special cases (< 1e-12), the elitist
 validation guarantee, DARE keyed masks and the error messages."""
 import numpy as np
 import pytest
 import torch
 
 from fedlab_nb import merging
-from fedlab_nb.beyond import evo_merge as EVO
-from fedlab_nb.beyond.pcb_merging import mlp
+from fedlab_nb.methods.beyond import evolutionary_merge as EVO
+from fedlab_nb.methods.beyond.pcb_merging import mlp
 from fedlab_nb.models import flatten_params
 
 

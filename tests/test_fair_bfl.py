@@ -1,4 +1,4 @@
-"""Tests of the FAIR-BFL contribution / reward / Shapley / ledger pieces (fedlab_nb/methods/fair_bfl.py)."""
+"""Tests of the FAIR-BFL contribution / reward / Shapley / ledger pieces (fedlab_nb/methods/more/fair_bfl.py)."""
 import copy
 import itertools
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlab_nb.methods.fair_bfl import (Ledger, contribution_scores, detection_auroc, digest, reward_shares,
+from fedlab_nb.methods.more.fair_bfl import (Ledger, contribution_scores, detection_auroc, digest, reward_shares,
                                         shapley_values)
 
 
@@ -91,7 +91,7 @@ def test_detection_auroc_uses_low_scores():
 
 def test_rule_logs_scores_rewards_and_discards_negative_updates():
     from fedlab_nb.core.method import RoundInfo
-    from fedlab_nb.methods.fair_bfl import FairBFLRule
+    from fedlab_nb.methods.more.fair_bfl import FairBFLRule
     u = torch.tensor([[1.0, 0.0], [1.0, 0.2], [-0.5, 0.0]])
     info = RoundInfo(round=0, client_ids=np.arange(3), sizes=torch.ones(3), steps=torch.ones(3), num_clients=3,
                      lr=0.1, theta=torch.zeros(2))

@@ -1,4 +1,4 @@
-"""fedlab_nb.fairness: plug-in information measures against scipy / scikit-learn, the group-fairness gaps on
+"""fedlab_nb.methods.more.fairness: plug-in information measures against scipy / scikit-learn, the group-fairness gaps on
 hand-counted examples, and the BROJA PID against published values (Bertschinger et al. 2014) and a brute-force
 search of the polytope Δ_P."""
 import numpy as np
@@ -8,7 +8,7 @@ from scipy.optimize import linprog
 from scipy.stats import entropy as scipy_entropy
 from sklearn.metrics import mutual_info_score
 
-from fedlab_nb import fairness as F
+from fedlab_nb.methods.more import fairness as F
 
 LN2 = np.log(2)
 

@@ -1,4 +1,4 @@
-"""FAL (fedlab_nb.methods.fal): eps = 0 is FedAvg bit for bit, eps > 0 trains on PGD examples, keyed and
+"""FAL (fedlab_nb.methods.more.fal): eps = 0 is FedAvg bit for bit, eps > 0 trains on PGD examples, keyed and
 repeatable, registered, and bad arguments are named."""
 import pytest
 import torch
@@ -6,8 +6,8 @@ import torch
 import fedlab_nb as fl
 from fedlab_nb.core.registry import lookup
 from fedlab_nb.core.streams import STREAMS
-from fedlab_nb.methods.fal import fal
-from fedlab_nb.methods.fedavg import fedavg
+from fedlab_nb.methods.more.fal import fal
+from fedlab_nb.methods.basics.fedavg import fedavg
 from fedlab_nb.models import make_model
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""FED-PUB (fedlab_nb/methods/fed_pub.py): similarity weights, personalised averages, proxy embedding, masks and
+"""FED-PUB (fedlab_nb/methods/personalisation/fed_pub.py): similarity weights, personalised averages, proxy embedding, masks and
 regularisers, the two-group SBM and the batched loop."""
 import importlib
 from dataclasses import replace
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedlab_nb import graphs as G
+from fedlab_nb.methods.personalisation import graphs as G
 from fedlab_nb.core.registry import lookup
-P = importlib.import_module("fedlab_nb.methods.fed_pub")   # the package exports the factory under the same name
+P = importlib.import_module("fedlab_nb.methods.personalisation.fed_pub")   # the package exports the factory under the same name
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""FedAU (fedlab_nb.methods.fedau): the participation-interval weights, the oracle, the unnormalised sum, and
+"""FedAU (fedlab_nb.methods.weights.fedau): the participation-interval weights, the oracle, the unnormalised sum, and
 the bias picture on quadratic clients."""
 import numpy as np
 import pytest
@@ -6,8 +6,8 @@ import torch
 
 import fedlab_nb as fl
 from fedlab_nb.engine.sampling import BernoulliSampler
-from fedlab_nb.methods.base import RoundInfo
-from fedlab_nb.methods.fedau import (FedAUWeighting, KnownProbabilityWeighting, fedau, fedavg_participants,
+from fedlab_nb.core.method import RoundInfo
+from fedlab_nb.methods.weights.fedau import (FedAUWeighting, KnownProbabilityWeighting, fedau, fedavg_participants,
                                      known_probability, quadratic_run, truncated_inverse, weighted_sum)
 
 

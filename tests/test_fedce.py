@@ -1,11 +1,11 @@
-"""FedCE (fedlab_nb/methods/fedce.py): the weight rule on a hand-computed case, the leave-one-out identity of the
+"""FedCE (fedlab_nb/methods/weights/fedce.py): the weight rule on a hand-computed case, the leave-one-out identity of the
 minus model, the gradient score, and the error messages."""
 import numpy as np
 import pytest
 import torch
 
 import fedlab_nb as fl
-from fedlab_nb.methods.fedce import (FedCEWeighting, fedce, fedce_weights, gradient_similarity,
+from fedlab_nb.methods.weights.fedce import (FedCEWeighting, fedce, fedce_weights, gradient_similarity,
                                      leave_one_out_average, minus_models)
 
 torch.set_num_threads(1)

@@ -5,7 +5,7 @@ import scipy.stats
 import torch
 
 from fedlab_nb.core.method import RoundInfo
-from fedlab_nb.methods.fedcpa import (CriticalParameterRule, RootTrustRule, cpa_scores, critical_sets, fedcpa,
+from fedlab_nb.methods.robustness.fedcpa import (CriticalParameterRule, RootTrustRule, cpa_scores, critical_sets, fedcpa,
                                       fltrust_method, foolsgold_weights, set_similarity, weight_mask)
 
 

@@ -5,8 +5,8 @@ import scipy.stats
 import torch
 
 import fedlab_nb as fl
-from fedlab_nb.methods.base import RoundInfo
-from fedlab_nb.methods.feddisco import FedDiscoWeighting, disco_weights, discrepancy, feddisco
+from fedlab_nb.core.method import RoundInfo
+from fedlab_nb.methods.weights.feddisco import FedDiscoWeighting, disco_weights, discrepancy, feddisco
 
 BALANCED_AND_ONE_CLASS = np.array([[5, 5], [10, 0]])   # n = 10 each; uniform target (1/2, 1/2)
 
@@ -85,7 +85,7 @@ def test_plugin_with_a_b_zero_is_the_host_method():
 
 
 def test_niid2_partition_is_the_official_split():
-    from fedlab_nb.methods.feddisco import niid2_partition
+    from fedlab_nb.methods.weights.feddisco import niid2_partition
     labels = np.repeat(np.arange(10), 60)                     # 60 per class: 6 shards of 10
     parts = niid2_partition(labels, seed=0)
     assert [len(p) for p in parts] == [100] * 6
@@ -100,7 +100,7 @@ def test_niid2_partition_is_the_official_split():
 def test_niid2_is_a_named_partitioner():
     import fedlab_nb as fl
     from fedlab_nb.data import make_partition
-    from fedlab_nb.methods.feddisco import niid2_partition
+    from fedlab_nb.methods.weights.feddisco import niid2_partition
     labels = np.repeat(np.arange(10), 60)
     named, direct = make_partition("niid2", labels, 6, seed=2), niid2_partition(labels, seed=2)
     assert all(np.array_equal(a, b) for a, b in zip(named.parts if hasattr(named, "parts") else named,

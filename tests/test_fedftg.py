@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import fedlab_nb as fl
-from fedlab_nb.methods.fedavg import fedavg
-from fedlab_nb.methods.fedftg import (FedFTGRule, class_ensemble_weights, diversity_loss, fedftg, label_histograms,
+from fedlab_nb.methods.basics.fedavg import fedavg
+from fedlab_nb.methods.heterogeneity.fedftg import (FedFTGRule, class_ensemble_weights, diversity_loss, fedftg, label_histograms,
                                       sample_labels)
-from fedlab_nb.methods.fedprox import fedprox
+from fedlab_nb.methods.heterogeneity.fedprox import fedprox
 from fedlab_nb.models import flatten_params, make_model
 
 torch.set_num_threads(1)

@@ -6,9 +6,9 @@ import torch
 import fedlab_nb as fl
 from fedlab_nb.data.federated import FederatedDataset
 from fedlab_nb.data.partition import FeatureTransform, Partition
-from fedlab_nb.methods.base import RoundInfo
-from fedlab_nb.methods.fedavg import fedavg
-from fedlab_nb.methods.fedgp import (GradientProjectionRule, auto_betas, batch_gradient_probe, cosine_scaled, fedgp,
+from fedlab_nb.core.method import RoundInfo
+from fedlab_nb.methods.basics.fedavg import fedavg
+from fedlab_nb.methods.weights.fedgp import (GradientProjectionRule, auto_betas, batch_gradient_probe, cosine_scaled, fedgp,
                                      positive_projection)
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""FedIns (fedlab_nb.methods.fedins): SSF at gamma = 1, beta = 0 is the backbone, identical entries are one SSF,
+"""FedIns (fedlab_nb.methods.labels.fedins): SSF at gamma = 1, beta = 0 is the backbone, identical entries are one SSF,
 P = 1 trains as federated SSF, the top-k selection and key loss, upload bytes, the domain mix, and clear errors."""
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from torch.func import functional_call, grad
 import fedlab_nb as fl
 from fedlab_nb.core.registry import lookup
 from fedlab_nb.data.federated import FederatedDataset
-from fedlab_nb.methods.fedins import (KeyMatchingObjective, SSFPoolMLP, all_domains, domain_pairs, effective_entries,
+from fedlab_nb.methods.labels.fedins import (KeyMatchingObjective, SSFPoolMLP, all_domains, domain_pairs, effective_entries,
                                       federated_ssf, fedins, head_only, mixed_domain_clients, routing, select_entries,
                                       sent_floats, usage)
 from fedlab_nb.models import flatten_params, make_model, param_spec, unflatten
@@ -154,6 +154,6 @@ def test_bad_arguments_are_named(backbone):
         fedins(key_weight=-0.1)
     with pytest.raises(ValueError, match="SSFPoolMLP"):
         KeyMatchingObjective().extra_loss(backbone, {}, torch.rand(2, 64), None, None, None)
-    from fedlab_nb.methods.fedins import apply_domain
+    from fedlab_nb.methods.labels.fedins import apply_domain
     with pytest.raises(ValueError, match="domain"):
         apply_domain(torch.rand(2, 64), 7, (1, 8, 8), torch.Generator())

@@ -1,4 +1,4 @@
-"""FedKA (fedlab_nb.methods.fedka): the vote, the ramp, Group Effect, the ablation that is FedAvg, the
+"""FedKA (fedlab_nb.methods.labels.fedka): the vote, the ramp, Group Effect, the ablation that is FedAvg, the
 official code's restart of the clients from the plain average, and argument checks."""
 import math
 
@@ -8,7 +8,7 @@ import torch
 import fedlab_nb as fl
 from fedlab_nb.core.method import Method, UniformWeighting
 from fedlab_nb.data.federated import FederatedDataset
-from fedlab_nb.methods.fedka import adoption_rate, federated_vote, fedka, group_effect, vote_quality
+from fedlab_nb.methods.labels.fedka import adoption_rate, federated_vote, fedka, group_effect, vote_quality
 from fedlab_nb.models import make_model
 
 

@@ -1,12 +1,12 @@
-"""FedLabel (fedlab_nb.methods.fedlabel): selection rule, exact FedAvg reduction, loop = vmap, what is uploaded."""
+"""FedLabel (fedlab_nb.methods.labels.fedlabel): selection rule, exact FedAvg reduction, loop = vmap, what is uploaded."""
 import pytest
 import torch
 
 import fedlab_nb as fl
 from fedlab_nb.core.registry import REGISTRY
 from fedlab_nb.data.semisup import semi_supervised
-from fedlab_nb.methods.fedavg import fedavg
-from fedlab_nb.methods.fedlabel import _pair_loss, fedlabel, pseudo_label_accuracy, select_pseudo_labels
+from fedlab_nb.methods.basics.fedavg import fedavg
+from fedlab_nb.methods.labels.fedlabel import _pair_loss, fedlabel, pseudo_label_accuracy, select_pseudo_labels
 from fedlab_nb.models import flatten_params, make_model, param_spec
 from fedlab_nb.engine.client import make_loss
 

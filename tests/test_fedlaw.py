@@ -8,8 +8,8 @@ import torch
 
 import fedlab_nb as fl
 from fedlab_nb.core.method import RoundInfo, weighted_mean
-from fedlab_nb.methods.fedavg import fedavg
-from fedlab_nb.methods.fedlaw import (FedLAWRule, ProxyFinetuneRule, ShrinkRule, client_coherence, fedavg_shrink,
+from fedlab_nb.methods.basics.fedavg import fedavg
+from fedlab_nb.methods.weights.fedlaw import (FedLAWRule, ProxyFinetuneRule, ShrinkRule, client_coherence, fedavg_shrink,
                                       federate_with_proxy, fedlaw, proxy_loss)
 from fedlab_nb.models import MLP, MLPBN, param_spec
 

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 import fedlab_nb as fl
 from fedlab_nb.data.federated import FederatedDataset
 from fedlab_nb.data.partition import make_partition
-from fedlab_nb.methods.fedld import (DecompositionProbe, MarginControlObjective, PrincipalGradientRule, client_losses,
+from fedlab_nb.methods.heterogeneity.fedld import (DecompositionProbe, MarginControlObjective, PrincipalGradientRule, client_losses,
                                      decompose, fedld, margin_control_loss, margin_penalty,
                                      principal_gradient_revise)
 from fedlab_nb.models import make_model, param_spec

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import fedlab_nb as fl
 from fedlab_nb.models import flatten_params, param_spec, representation, unflatten
 
-fedloge = importlib.import_module("fedlab_nb.methods.fedloge")
+fedloge = importlib.import_module("fedlab_nb.methods.personalisation.fedloge")
 
 
 @pytest.mark.parametrize("h,C", [(10, 10), (32, 10), (64, 3)])

@@ -1,10 +1,10 @@
-"""FedMBO (fedlab_nb/bilevel/fedmbo.py): closed-form oracles = autodiff oracles, the federated hypergradient
+"""FedMBO (fedlab_nb/methods/bilevel/fedmbo.py): closed-form oracles = autodiff oracles, the federated hypergradient
 is exact with every client and full batches (the local average is not), convergence, hyper-cleaning data."""
 import pytest
 import torch
 
-from fedlab_nb.bilevel import fedmbo as F
-from fedlab_nb.bilevel.dsbo import QuadraticNodes
+from fedlab_nb.methods.bilevel import fedmbo as F
+from fedlab_nb.methods.bilevel.dsbo import QuadraticNodes
 
 
 def _problem(**kw):

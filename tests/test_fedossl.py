@@ -1,4 +1,4 @@
-"""FedoSSL (fedlab_nb/methods/fedossl.py): Hungarian matching, suppression weights and loss, the open-world
+"""FedoSSL (fedlab_nb/methods/labels/fedossl.py): Hungarian matching, suppression weights and loss, the open-world
 split, the server's seen-class alignment, and a tiny federated run."""
 import itertools
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedlab_nb.core.registry import REGISTRY
-from fedlab_nb.methods import fedossl as fo
+from fedlab_nb.methods.labels import fedossl as fo
 
 
 def brute_force_accuracy(y_pred, y_true, D):

@@ -1,4 +1,4 @@
-"""FedPara / pFedPara (fedlab_nb/methods/fedpara.py): the maximal-rank property, parameter counts, the layer's
+"""FedPara / pFedPara (fedlab_nb/methods/communication/fedpara.py): the maximal-rank property, parameter counts, the layer's
 forward, pFedPara's split into sent and kept factors, and errors on bad ranks."""
 import importlib
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import fedlab_nb as fl
 
-fp = importlib.import_module("fedlab_nb.methods.fedpara")
+fp = importlib.import_module("fedlab_nb.methods.communication.fedpara")
 
 
 def _rank(w: torch.Tensor) -> int:

@@ -8,8 +8,8 @@ from fedlab_nb.core.round import batch_schedule
 from fedlab_nb.core.streams import BATCHES
 from fedlab_nb.engine.client import make_loss
 from fedlab_nb.engine.server import RunConfig, build_model, local_job
-from fedlab_nb.methods.fedfomo import FOMO_VAL, FedFomoClient, choose_models, fomo_weights
-from fedlab_nb.methods.fedrod import balanced_softmax_loss, class_log_prior
+from fedlab_nb.methods.personalisation.fedfomo import FOMO_VAL, FedFomoClient, choose_models, fomo_weights
+from fedlab_nb.methods.personalisation.fedrod import balanced_softmax_loss, class_log_prior
 from fedlab_nb.models import flatten_params, load_flat
 from fedlab_nb.utils import rng
 

@@ -13,7 +13,7 @@ from fedlab_nb.engine.evaluate import evaluate
 from fedlab_nb.lora import LoRALayout, add_lora
 from fedlab_nb.models import MLP, flatten_params
 
-fs = importlib.import_module("fedlab_nb.methods.fedsa_lora")  # `fedlab_nb.methods.fedsa_lora` is the factory
+fs = importlib.import_module("fedlab_nb.methods.communication.fedsa_lora")  # `fedlab_nb.methods.communication.fedsa_lora` is the factory
 
 
 @pytest.fixture(scope="module")

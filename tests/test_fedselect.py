@@ -1,4 +1,4 @@
-"""FedSelect (fedlab_nb/methods/fedselect.py): GradSelect on hand-made updates, the per-coordinate masked
+"""FedSelect (fedlab_nb/methods/personalisation/fedselect.py): GradSelect on hand-made updates, the per-coordinate masked
 average against a hand computation, masks that only grow, the shared-part wire format, bad knobs."""
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import torch
 import fedlab_nb as fl
 from fedlab_nb.core.method import RoundInfo
 from fedlab_nb.core.messages import Messages
-from fedlab_nb.methods.fedselect import (SharedCoordinateMean, decode_shared, eligible_segments, encode_shared,
+from fedlab_nb.methods.personalisation.fedselect import (SharedCoordinateMean, decode_shared, eligible_segments, encode_shared,
                                          fedselect, grow_mask, masked_mean)
 
 

@@ -8,7 +8,7 @@ import torch
 
 from fedlab_nb.data.federated import FederatedDataset
 from fedlab_nb.lora import LoRALayout, add_lora, lora_layers
-from fedlab_nb.methods.fedsvd import (LoRAServerRule, clip_per_sample, dp_sgd_clients, lora_dp_method,
+from fedlab_nb.methods.privacy.fedsvd import (LoRAServerRule, clip_per_sample, dp_sgd_clients, lora_dp_method,
                                       lora_gradient_norms, orthonormality_error, refactorize, run_dp_lora,
                                       run_fedsvd, run_ffa_lora)
 from fedlab_nb.models import MLP, flatten_params

@@ -1,4 +1,4 @@
-"""Ferret (fedlab_nb.methods.ferret): shared-seed directions, exact server reconstruction, measured bytes."""
+"""Ferret (fedlab_nb.methods.communication.ferret): shared-seed directions, exact server reconstruction, measured bytes."""
 import importlib
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import torch
 
 import fedlab_nb as fl
 
-F = importlib.import_module("fedlab_nb.methods.ferret")   # the package attribute `ferret` is the factory
+F = importlib.import_module("fedlab_nb.methods.communication.ferret")   # the package attribute `ferret` is the factory
 
 
 def test_directions_are_deterministic_and_keyed():
@@ -20,7 +20,7 @@ def test_directions_are_deterministic_and_keyed():
 
 
 def test_directions_same_in_another_process():
-    code = ("import importlib, torch; F = importlib.import_module('fedlab_nb.methods.ferret'); "
+    code = ("import importlib, torch; F = importlib.import_module('fedlab_nb.methods.communication.ferret'); "
             "V = F.directions(F.round_seed(11, 2), (30, 5), (4, 2)); print(repr(float(sum(v.double().sum() for v in V))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     here = float(sum(v.double().sum() for v in F.directions(F.round_seed(11, 2), (30, 5), (4, 2))))

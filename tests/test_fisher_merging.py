@@ -1,9 +1,9 @@
-"""Fisher merging (fedlab_nb.methods.fisher_merging): the merge's exact special cases and the Fisher itself."""
+"""Fisher merging (fedlab_nb.methods.communication.fisher_merging): the merge's exact special cases and the Fisher itself."""
 import pytest
 import torch
 
 import fedlab_nb as fl
-from fedlab_nb.methods.fisher_merging import (FisherMergeRule, diagonal_fisher, fisher_merge, fisher_merging,
+from fedlab_nb.methods.communication.fisher_merging import (FisherMergeRule, diagonal_fisher, fisher_merge, fisher_merging,
                                               fisher_merging_method, fisher_rows)
 from fedlab_nb.models import flatten_params, load_flat, make_model
 

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedlab_nb.methods.flip import (FLIPClient, flip, harden_rows, invert_trigger, model_forward,
+from fedlab_nb.methods.robustness.flip import (FLIPClient, flip, harden_rows, invert_trigger, model_forward,
                                     reject_low_confidence, stamp)
-from fedlab_nb.poison import corner_pattern
+from fedlab_nb.methods.robustness.poison import corner_pattern
 
 torch.set_num_threads(1)
 

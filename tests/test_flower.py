@@ -24,7 +24,7 @@ pytest.importorskip("flwr")
 from fedlab_nb.flower import run_on_flower, to_flower  # noqa: E402
 
 try:
-    from fedlab_nb.robust.rules import coordinate_median
+    from fedlab_nb.methods.robustness.rules import coordinate_median
 except ImportError:  # the robust module is optional for this test
     def coordinate_median(updates, weights=None):
         return updates.median(0).values

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fedlab_nb.data.continual import class_groups, federate_tasks, permuted_tasks, split_tasks
-from fedlab_nb.methods.fot import (LayerBases, OrthogonalServerSGD, client_sketch, expand_bases, layer_inputs,
+from fedlab_nb.methods.personalisation.fot import (LayerBases, OrthogonalServerSGD, client_sketch, expand_bases, layer_inputs,
                                    linear_layers, run_continual)
 from fedlab_nb.models import MLP, flatten_params, param_spec
 

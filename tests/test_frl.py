@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fedlab_nb as fl
-from fedlab_nb.methods.frl import (HonestMajoritySampler, client_rank_update, clients_rank_update, float_upload_bits,
+from fedlab_nb.methods.robustness.frl import (HonestMajoritySampler, client_rank_update, clients_rank_update, float_upload_bits,
                                    forward, make_supermask_net, mask_from_ranking, pack_ranking, rank_upload_bits,
                                    ranking_of, reputations, reverse_ranking, run_frl, scores_from_ranking, topk_mask,
                                    unpack_ranking, vote)

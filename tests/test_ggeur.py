@@ -1,4 +1,4 @@
-"""GGEUR (fedlab_nb/methods/ggeur.py): the pooled covariance is the union's covariance exactly, generated
+"""GGEUR (fedlab_nb/methods/personalisation/ggeur.py): the pooled covariance is the union's covariance exactly, generated
 embeddings have the global class covariance, the fill-up and the prototype mode behave as the official code,
 bad input errors."""
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from fedlab_nb.methods.ggeur import (augment_client, class_statistics, centralised_statistics, generate,
+from fedlab_nb.methods.personalisation.ggeur import (augment_client, class_statistics, centralised_statistics, generate,
                                      geometric_shape, ggeur, other_prototypes, pool_statistics)
 
 D, C = 6, 3

@@ -1,10 +1,10 @@
-"""Dense graph pieces (fedlab_nb/graphs.py): SBM sampler, community split, planted-partition graph, Â, the GCN."""
+"""Dense graph pieces (fedlab_nb/methods/personalisation/graphs.py): SBM sampler, community split, planted-partition graph, Â, the GCN."""
 import numpy as np
 import pytest
 import torch
 from scipy.linalg import eigh
 
-from fedlab_nb import graphs as G
+from fedlab_nb.methods.personalisation import graphs as G
 from fedlab_nb.models import flatten_params, param_spec, unflatten
 
 

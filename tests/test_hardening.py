@@ -23,7 +23,7 @@ from fedlab_nb.repro.expect import ExpectationError, parse_expectation
 from fedlab_nb.repro.recording import METRICS_FILE, RUN_DIR_ENV
 from fedlab_nb.repro.report import build_report
 from fedlab_nb.repro.runner import reproduce
-from fedlab_nb.robust.rules import _iterated_krum, _squared_distances, bulyan, krum, multi_krum
+from fedlab_nb.methods.robustness.rules import _iterated_krum, _squared_distances, bulyan, krum, multi_krum
 
 FIXTURE = Path(__file__).parent / "data" / "tinyroot"
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -1,10 +1,10 @@
-"""Hash bagging and the collective certificate (fedlab_nb/beyond/hash_bagging.py): BILP = brute force."""
+"""Hash bagging and the collective certificate (fedlab_nb/methods/beyond/hash_bagging.py): BILP = brute force."""
 import math
 
 import numpy as np
 import pytest
 
-from fedlab_nb.beyond import hash_bagging as hb
+from fedlab_nb.methods.beyond import hash_bagging as hb
 
 
 def tiny(rng, C, k=8, n=30, T=12):

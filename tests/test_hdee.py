@@ -1,4 +1,4 @@
-"""HDEE (fedlab_nb/beyond/hdee.py): the mixture bound, the posterior-mixture identity, the combination rules, the
+"""HDEE (fedlab_nb/methods/beyond/hdee.py): the mixture bound, the posterior-mixture identity, the combination rules, the
 toy chains and the batched experts. Exact checks in float64."""
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlab_nb.beyond import hdee
+from fedlab_nb.methods.beyond import hdee
 
 
 def _logp(E=3, n=4, T=7, seed=0):

@@ -1,4 +1,4 @@
-"""Tree aggregation (fedlab_nb.methods.hierarchical) equals the flat weighted mean.
+"""Tree aggregation (fedlab_nb.methods.communication.hierarchical_aggregation) equals the flat weighted mean.
 
 Which equality holds where: with integer-valued updates and weights every float64 addition is exact, so
 the tree equals the flat mean bitwise for any shape and order; a one-leaf tree adds in the same order as
@@ -11,7 +11,7 @@ import torch
 import fedlab_nb as fl
 from fedlab_nb.core.method import weighted_mean
 from fedlab_nb.data.federated import FederatedDataset
-from fedlab_nb.methods.hierarchical import (TreeAggregator, flat_stream_mean, hierarchical, mean_of_means,
+from fedlab_nb.methods.communication.hierarchical_aggregation import (TreeAggregator, flat_stream_mean, hierarchical, mean_of_means,
                                             tree_aggregate, tree_groups)
 from fedlab_nb.models import make_model
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedlab_nb.core.method import RoundInfo
-from fedlab_nb.methods.ida import InverseDistanceRule, ida, ida_weights
+from fedlab_nb.methods.weights.ida import InverseDistanceRule, ida, ida_weights
 
 
 def test_weights_hand_computed():

@@ -14,8 +14,8 @@ from fedlab_nb.core.method import RoundInfo, ServerSGD
 from fedlab_nb.core.messages import Messages
 from fedlab_nb.models import flatten_params, load_flat, param_spec
 
-hd = importlib.import_module("fedlab_nb.methods.hetero_depth")
-ic = importlib.import_module("fedlab_nb.methods.inco")
+hd = importlib.import_module("fedlab_nb.methods.personalisation.hetero_depth")
+ic = importlib.import_module("fedlab_nb.methods.personalisation.inco")
 torch.set_num_threads(1)
 
 

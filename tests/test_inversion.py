@@ -1,11 +1,11 @@
-"""Gradient inversion (fedlab_nb.privacy.inversion): iDLG labels, DLG / IG recovery, metrics, defences."""
+"""Gradient inversion (fedlab_nb.methods.privacy.gradient_inversion): iDLG labels, DLG / IG recovery, metrics, defences."""
 import numpy as np
 import pytest
 import torch
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
 from fedlab_nb.models import make_model
-from fedlab_nb.privacy import inversion as inv
+from fedlab_nb.methods.privacy import gradient_inversion as inv
 
 SHAPE = (1, 8, 8)
 

@@ -1,4 +1,4 @@
-"""UPGrad and Jacobian descent (fedlab_nb/beyond/jacobian_descent.py) against TorchJD 0.18 (the reference
+"""UPGrad and Jacobian descent (fedlab_nb/methods/beyond/jacobian_descent.py) against TorchJD 0.18 (the reference
 implementation of Quinton & Rey, arXiv 2406.16232) and against the paper's exact properties."""
 import importlib.util
 import warnings
@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.optimize import lsq_linear
 
-from fedlab_nb.beyond import jacobian_descent as JD
+from fedlab_nb.methods.beyond import jacobian_descent as JD
 from fedlab_nb.models import flatten_params, make_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning")

@@ -1,9 +1,9 @@
-"""Distributed 1-NN with a majority vote (fedlab_nb/methods/knn_vote.py)."""
+"""Distributed 1-NN with a majority vote (fedlab_nb/methods/communication/knn_vote.py)."""
 import pytest
 import torch
 from sklearn.neighbors import KNeighborsClassifier
 
-from fedlab_nb.methods import knn_vote as kv
+from fedlab_nb.methods.communication import knn_vote as kv
 
 
 def _data(n=300, q=80, d=4, classes=3, seed=0):

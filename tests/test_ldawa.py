@@ -1,11 +1,11 @@
-"""L-DAWA's rule (fedlab_nb/methods/ldawa.py) on hand-computed cases: per-layer cosine weights, the official
+"""L-DAWA's rule (fedlab_nb/methods/weights/ldawa.py) on hand-computed cases: per-layer cosine weights, the official
 code's 1/m normalisation, negative cosines kept, FedAvg when every client is aligned with θ."""
 import numpy as np
 import pytest
 import torch
 
 from fedlab_nb.core.method import RoundInfo
-from fedlab_nb.methods.ldawa import LDAWARule, layer_cosines, ldawa
+from fedlab_nb.methods.weights.ldawa import LDAWARule, layer_cosines, ldawa
 
 SPEC = [("w", (2,)), ("b", (1,))]   # two layers: a 2-vector and a scalar
 

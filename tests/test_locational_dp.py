@@ -1,8 +1,8 @@
-"""Locational local DP (fedlab_nb.privacy.locational_dp): exact LDP ratios, unbiasedness, variance, calibration."""
+"""Locational local DP (fedlab_nb.methods.beyond.locational_dp): exact LDP ratios, unbiasedness, variance, calibration."""
 import numpy as np
 import pytest
 
-from fedlab_nb.privacy import locational_dp as L
+from fedlab_nb.methods.beyond import locational_dp as L
 
 
 @pytest.mark.parametrize("k", [2, 5, 42])

@@ -1,4 +1,4 @@
-"""fedlab_nb.mmd: the unbiased multi-kernel MMD² against a direct double-sum, the null mean, the Gaussian closed
+"""fedlab_nb.methods.labels.mmd: the unbiased multi-kernel MMD² against a direct double-sum, the null mean, the Gaussian closed
 form, gradients and argument checks."""
 import itertools
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlab_nb.mmd import gaussian_mmd2_closed_form, median_distance, mk_mmd2
+from fedlab_nb.methods.labels.mmd import gaussian_mmd2_closed_form, median_distance, mk_mmd2
 
 
 def direct_mmd2(x, y, sigmas):

@@ -1,9 +1,9 @@
-"""Distributed MoE / GMM reduction (fedlab_nb.beyond.moe_reduction): exact moment matching first, float64."""
+"""Distributed MoE / GMM reduction (fedlab_nb.methods.beyond.moe_reduction): exact moment matching first, float64."""
 import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from fedlab_nb.beyond import moe_reduction as R
+from fedlab_nb.methods.beyond import moe_reduction as R
 
 
 def _random_components(rng, n=6, d=2):

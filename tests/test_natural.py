@@ -5,8 +5,8 @@ import torch
 
 from fedlab_nb.data import DatasetNotAvailable
 from fedlab_nb.data import natural_data as nat
-from fedlab_nb.methods.base import Method, LocalObjective, ServerSGD, UniformWeighting, weighted_mean
-from fedlab_nb.methods.qffl import qffl, qffl_step
+from fedlab_nb.core.method import Method, LocalObjective, ServerSGD, UniformWeighting, weighted_mean
+from fedlab_nb.methods.heterogeneity.qffl import qffl, qffl_step
 
 
 def _have(name):

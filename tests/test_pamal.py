@@ -1,11 +1,11 @@
-"""Pareto Manifold Learning (fedlab_nb/beyond/pamal.py): the quadratic Pareto set, the hypervolume, the
+"""Pareto Manifold Learning (fedlab_nb/methods/beyond/pareto_manifold.py): the quadratic Pareto set, the hypervolume, the
 multi-forward penalty and the trainer's contracts."""
 import numpy as np
 import pytest
 import torch
 from scipy.optimize import minimize
 
-from fedlab_nb.beyond import pamal as P
+from fedlab_nb.methods.beyond import pareto_manifold as P
 from fedlab_nb.models import flatten_params, make_model
 
 

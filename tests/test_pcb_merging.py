@@ -1,11 +1,11 @@
-"""PCB-Merging (fedlab_nb/beyond/pcb_merging.py): the three identities, the official formula re-derived in numpy,
+"""PCB-Merging (fedlab_nb/methods/beyond/pcb_merging.py): the three identities, the official formula re-derived in numpy,
 the per-task-head evaluator and the error messages."""
 import numpy as np
 import pytest
 import torch
 
 from fedlab_nb import merging
-from fedlab_nb.beyond import pcb_merging as PCB
+from fedlab_nb.methods.beyond import pcb_merging as PCB
 
 
 def _taus(n=4, d=3000, seed=0):

@@ -13,7 +13,7 @@ import torch
 import fedlab_nb as fl
 from fedlab_nb.engine.client import make_loss, train_clients_loop
 from fedlab_nb.engine.server import RoundSetup, RunConfig, build_model, local_job
-from fedlab_nb.methods.fedavg_ft import FINETUNE
+from fedlab_nb.methods.personalisation.fedavg_ft import FINETUNE
 from fedlab_nb.methods.heads import BODY, HEAD, HeadSplit
 from fedlab_nb.models import buffer_spec, flatten_buffers, flatten_params, load_flat, make_model, param_spec
 from fedlab_nb.utils import rng

@@ -229,7 +229,7 @@ def _group_models(fed, steps=30):
 
 
 def test_ifca_assignment_recovers_separable_groups():
-    from fedlab_nb.methods.ifca import assignments
+    from fedlab_nb.methods.personalisation.ifca import assignments
     fed = _two_group_fed()
     models, loss = _group_models(fed)
     np.testing.assert_array_equal(assignments(loss, models, fed), [0, 0, 0, 1, 1, 1])
@@ -262,7 +262,7 @@ def test_ifca_round_matches_hand_written(backend):
 
 
 def test_ifca_keeps_an_unchosen_cluster():
-    from fedlab_nb.methods.ifca import cluster_average
+    from fedlab_nb.methods.personalisation.ifca import cluster_average
     models = torch.arange(6.).view(3, 2)
     new = cluster_average(models, torch.zeros(2), torch.tensor([[1., 1.], [3., 3.]]), torch.tensor([2, 2]))
     torch.testing.assert_close(new, torch.tensor([[0., 1.], [2., 3.], [2., 2.]]))
@@ -287,7 +287,7 @@ def _best_bipartition(S):
 def test_cfl_split_matches_hand_written(backend):
     """Round 1 with the split forced (ε₁ huge, ε₂ = 0, no warm-up): the clients are bi-partitioned by the
     cosine of their updates into the hidden groups, each part gets θ + its members' mean update."""
-    from fedlab_nb.methods.cfl import bipartition, cosine_matrix
+    from fedlab_nb.methods.personalisation.cfl import bipartition, cosine_matrix
     fed = _two_group_fed()
     h = fl.simulate(fl.get_method("cfl", eps1=1e9, eps2=0.0, warmup=0), fed, model="logreg", rounds=1, lr=LR,
                     progress=False, backend=backend)
@@ -381,7 +381,7 @@ def test_fedproto_matches_hand_written(digits_fed, backend):
 def test_fedala_matches_hand_written(digits_fed, backend):
     """Round 1: ALA off (w = θ), plain local SGD, FedAvg. Round 2: W learned on the s% slice for max_epochs
     (threshold 0) on the last p = 2 tensors, ŵ = θ below / w + (θ − w) ⊙ W on top; then local SGD from ŵ."""
-    from fedlab_nb.methods.fedala import ALA_SLICE
+    from fedlab_nb.methods.personalisation.fedala import ALA_SLICE
     from fedlab_nb.utils import rng
     ids, eta, s, epochs = [2, 6], 0.5, 50, 3
     h = fl.simulate(fl.get_method("fedala", eta=eta, rand_percent=s, layer_idx=2, threshold=0.0, max_epochs=epochs),

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fedlab_nb as fl
-from fedlab_nb.methods.pgfed import auxiliary_gradient, full_gradients, pgfed, taylor_risk, weight_step
+from fedlab_nb.methods.personalisation.pgfed import auxiliary_gradient, full_gradients, pgfed, taylor_risk, weight_step
 
 torch.set_num_threads(1)
 

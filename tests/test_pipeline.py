@@ -49,9 +49,9 @@ def test_every_claims_file_has_a_registered_method_and_back():
     pytest.importorskip("flwr")
     import fedlab_nb.flower  # noqa: F401  (registers the Flower adapter)
     import fedlab_nb.methods  # noqa: F401
-    import fedlab_nb.privacy  # noqa: F401
-    import fedlab_nb.bilevel  # noqa: F401
-    import fedlab_nb.beyond  # noqa: F401
+    import fedlab_nb.methods.privacy  # noqa: F401
+    import fedlab_nb.methods.bilevel  # noqa: F401
+    import fedlab_nb.methods.beyond  # noqa: F401
     import fedlab_nb.data  # noqa: F401
     claims = {p.stem for p in (ROOT / "papers").glob("*.yaml")}
     registered = {e.claims for e in REGISTRY.values() if e.claims}

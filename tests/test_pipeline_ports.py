@@ -11,8 +11,8 @@ from fedlab_nb.core.method import RoundInfo
 from fedlab_nb.data.federated import FederatedDataset
 from fedlab_nb.engine import simulate
 from fedlab_nb.engine.sampling import BernoulliSampler
-from fedlab_nb.methods import frl
-from fedlab_nb.methods.fedau import fedau, fedavg_participants, known_probability, quadratic_run
+from fedlab_nb.methods.robustness import frl
+from fedlab_nb.methods.weights.fedau import fedau, fedavg_participants, known_probability, quadratic_run
 from fedlab_nb.utils import rng
 
 

@@ -1,12 +1,12 @@
-"""Data poisoning through the engine hook (fedlab_nb/poison.py): label flips equal the dataset copy, the
+"""Data poisoning through the engine hook (fedlab_nb/methods/robustness/poison.py): label flips equal the dataset copy, the
 backdoor stamps a keyed fraction of rows, the attack success rate, and errors."""
 import numpy as np
 import pytest
 import torch
 
 import fedlab_nb as fl
-from fedlab_nb import poison as P
-from fedlab_nb.methods.robust import flip_client_labels
+from fedlab_nb.methods.robustness import poison as P
+from fedlab_nb.methods.robustness.robust_aggregation import flip_client_labels
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,14 @@
-"""fedlab_nb.methods.prowd: QAT clients at mixed bit-widths, the naive / grouped / ProWD-lite aggregators."""
+"""fedlab_nb.methods.labels.prowd: QAT clients at mixed bit-widths, the naive / grouped / ProWD-lite aggregators."""
 import numpy as np
 import pytest
 import torch
 
 import fedlab_nb as fl
-from fedlab_nb.methods.base import Method
-from fedlab_nb.methods.prowd import (apply_dequantiser, bit_widths, deployed_accuracy, fit_dequantiser, group_sampler,
+from fedlab_nb.core.method import Method
+from fedlab_nb.methods.labels.prowd import (apply_dequantiser, bit_widths, deployed_accuracy, fit_dequantiser, group_sampler,
                                      prowd)
 from fedlab_nb.models import flatten_params, make_model, param_spec
-from fedlab_nb.quantize import model_bytes, quantize_flat
+from fedlab_nb.methods.labels.quantize import model_bytes, quantize_flat
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,12 @@
-"""fedlab_nb.quantize: the uniform symmetric b-bit quantiser, stochastic rounding, the STE, per-layer scales, bytes."""
+"""fedlab_nb.methods.labels.quantize: the uniform symmetric b-bit quantiser, stochastic rounding, the STE, per-layer scales, bytes."""
 import math
 
 import pytest
 import torch
 
-from fedlab_nb.compression import QSGD
+from fedlab_nb.methods.communication.compression import QSGD
 from fedlab_nb.models import flatten_params, make_model, param_spec
-from fedlab_nb.quantize import (check_bits, decode, dequantize, encode, fake_quantize, fake_quantize_flat, layer_ranges,
+from fedlab_nb.methods.labels.quantize import (check_bits, decode, dequantize, encode, fake_quantize, fake_quantize_flat, layer_ranges,
                                 layer_slices, levels, model_bytes, payload_bytes, quantize, quantize_flat,
                                 quantize_levels, step)
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fedlab_nb as fl
-from fedlab_nb.methods.dp_fedavg import dp_fedavg, dp_fedavg_with_sampler, local_dp_fedavg
-from fedlab_nb.privacy.dp import dp_sampler
+from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg, dp_fedavg_with_sampler, local_dp_fedavg
+from fedlab_nb.methods.privacy.dp import dp_sampler
 
 KW = dict(model="logreg", local_epochs=1, batch_size=8, lr=0.1, progress=False)
 
@@ -325,8 +325,8 @@ def test_privacy_parameters_are_finite_and_named(build, match):
 
 
 def test_local_dp_accounting_and_accountant_validate_their_arguments():
-    from fedlab_nb.privacy import accounting
-    from fedlab_nb.privacy.dp import LocalDPAccounting
+    from fedlab_nb.methods.privacy import accounting
+    from fedlab_nb.methods.privacy.dp import LocalDPAccounting
     for bad in (INF, NAN, -1.0, "1"):
         with pytest.raises(ValueError, match="noise_multiplier"):
             LocalDPAccounting(bad)

@@ -5,10 +5,10 @@ import torch
 
 import fedlab_nb as fl
 from fedlab_nb.methods import RoundInfo
-from fedlab_nb.methods.robust import (CenteredClipping, GradientSplitting, WorkerMomentum,
+from fedlab_nb.methods.robustness.robust_aggregation import (CenteredClipping, GradientSplitting, WorkerMomentum,
                                       flip_client_labels, honest_sampler, robust_method, robust_rule, run_attack)
-from fedlab_nb.robust.attacks import get_attack
-from fedlab_nb.robust.rules import centered_clip, krum
+from fedlab_nb.methods.robustness.attacks import get_attack
+from fedlab_nb.methods.robustness.rules import centered_clip, krum
 
 
 def _info(ids):

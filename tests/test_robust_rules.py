@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy import optimize, stats
 
-from fedlab_nb.robust.rules import (RULES, _krum_scores, _squared_distances, bulyan, centered_clip,
+from fedlab_nb.methods.robustness.rules import (RULES, _krum_scores, _squared_distances, bulyan, centered_clip,
                                     coordinate_median, drop_nonfinite, flag_aggregator, fltrust, gas,
                                     geometric_median, get_rule, krum, mean, multi_krum, trimmed_mean)
 

@@ -1,8 +1,8 @@
-"""Run-off election and DPA certificates (fedlab_nb/beyond/roe.py): exact checks against brute force."""
+"""Run-off election and DPA certificates (fedlab_nb/methods/beyond/run_off_election.py): exact checks against brute force."""
 import numpy as np
 import pytest
 
-from fedlab_nb.beyond import roe
+from fedlab_nb.methods.beyond import run_off_election as roe
 
 
 def paper_dp_table(K):

@@ -7,7 +7,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from scipy import stats
 
 import fedlab_nb as fl
-from fedlab_nb.privacy import secagg as S
+from fedlab_nb.methods.privacy import secure_aggregation as S
 
 BITS = 32
 

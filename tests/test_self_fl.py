@@ -7,7 +7,7 @@ import torch
 import fedlab_nb as fl
 from fedlab_nb.core.messages import Messages
 from fedlab_nb.core.method import RoundInfo
-from fedlab_nb.methods.self_fl import (UncertaintyWeightedMean, closed_form_mse, early_stop, empirical_bayes,
+from fedlab_nb.methods.personalisation.self_fl import (UncertaintyWeightedMean, closed_form_mse, early_stop, empirical_bayes,
                                        moment_sigma0_sq, posterior_mean, precision_weights, sample_hierarchy,
                                        shrinkage)
 

@@ -1,10 +1,10 @@
-"""Sub-posterior combination (fedlab_nb/beyond/smc_fusion.py): the exact Gaussian product first (float64), then
+"""Sub-posterior combination (fedlab_nb/methods/beyond/smc_fusion.py): the exact Gaussian product first (float64), then
 Consensus Monte Carlo, the samplers and the tree-SMC analogue on a conjugate target."""
 import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from fedlab_nb.beyond import smc_fusion as sf
+from fedlab_nb.methods.beyond import smc_fusion as sf
 
 
 def test_gaussian_product_matches_quadrature_in_1d():

@@ -11,8 +11,8 @@ from fedlab_nb.engine import batched
 from fedlab_nb.engine.batched import plan_chunks, train_clients_vmap
 from fedlab_nb.engine.client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from fedlab_nb.methods import LocalObjective
-from fedlab_nb.methods.fedprox import ProximalObjective
-from fedlab_nb.methods.scaffold import ControlVariateObjective
+from fedlab_nb.methods.heterogeneity.fedprox import ProximalObjective
+from fedlab_nb.methods.heterogeneity.scaffold import ControlVariateObjective
 from fedlab_nb.models import flatten_params, make_model
 
 COLUMNS = ["train_loss", "test_loss", "test_acc", "client_acc_mean", "client_acc_std", "client_acc_p10"]

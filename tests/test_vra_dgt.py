@@ -1,10 +1,10 @@
-"""Gradient tracking over noisy links (fedlab_nb/methods/vra_dgt.py): invariants, reduction to DGT, errors."""
+"""Gradient tracking over noisy links (fedlab_nb/methods/more/vra_dgt.py): invariants, reduction to DGT, errors."""
 import numpy as np
 import pytest
 import torch
 
 from fedlab_nb import gossip
-from fedlab_nb.methods import vra_dgt as V
+from fedlab_nb.methods.more import vra_dgt as V
 
 torch.set_num_threads(1)
 

@@ -1,9 +1,9 @@
-"""WAKD (fedlab_nb/beyond/wakd.py): the running mean, SWAD's window, the KD loss and the training entry."""
+"""WAKD (fedlab_nb/methods/beyond/wakd.py): the running mean, SWAD's window, the KD loss and the training entry."""
 import numpy as np
 import pytest
 import torch
 
-from fedlab_nb.beyond import wakd
+from fedlab_nb.methods.beyond import wakd
 from fedlab_nb.models import make_model
 
 

@@ -1,10 +1,10 @@
-"""WiSE-FT / BANG (fedlab_nb.beyond.wise_ft): the three identities in float64, the toy data, BANG's targets."""
+"""WiSE-FT / BANG (fedlab_nb.methods.beyond.wise_ft): the three identities in float64, the toy data, BANG's targets."""
 import numpy as np
 import pytest
 import torch
 
 from fedlab_nb import merging
-from fedlab_nb.beyond import wise_ft as W
+from fedlab_nb.methods.beyond import wise_ft as W
 from fedlab_nb.models import make_model
 
 ALPHAS = W.ALPHAS

@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..utils import rng
 from .groups import ParamGroups
 from .messages import Messages
 from .optim import SGD, Adam, make_optimizer
@@ -35,7 +36,6 @@ class RoundInfo:
 
     def generator(self, stream: int) -> torch.Generator:
         """A torch generator keyed by (seed, stream, round): server randomness that a resumed run repeats."""
-        from ..utils import rng
         return torch.Generator(device="cpu").manual_seed(int(rng(self.seed, stream, self.round).integers(2**62)))
 
 
@@ -238,7 +238,7 @@ class Method:
 
     `normalisation(updates, weights, steps) -> (updates, scale)` rescales updates before the rule and the
     aggregate after it (FedNova). `rule(updates, weights)` is any function on the [m, d] matrix, e.g. the
-    robust rules in `fedlab_nb.robust.rules`; a rule object with `init_state`/`aggregate` may keep state,
+    robust rules in `fedlab_nb.methods.robustness.rules`; a rule object with `init_state`/`aggregate` may keep state,
     and one with `uses_context = True` also gets the round's `RoundInfo` as `info=`. A stateful rule may
     also `broadcast(rule_state) -> {name: tensor}` (sent to every client with θ, e.g. an adaptive clip norm
     the uplink transforms read from `ctx.down`). Any part with `metrics(part_state) -> {column: float}`

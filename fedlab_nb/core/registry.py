@@ -13,12 +13,14 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
+from .method import Method
+
 
 @dataclass(frozen=True)
 class Entry:
     key: str
     factory: Callable
-    module: str          # the library file, e.g. "fedlab_nb.methods.fedprox"
+    module: str          # the library file, e.g. "fedlab_nb.methods.heterogeneity.fedprox"
     claims: str | None   # papers/<claims>.yaml
     notebook: str | None  # notebooks/<notebook>.ipynb
     kind: str            # "method" | "module"
@@ -49,3 +51,18 @@ def lookup(key: str) -> Entry:
         raise ValueError(f"unknown method {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                          + f"; available: {', '.join(sorted(methods))}")
     return REGISTRY[key]
+
+
+def get_method(name: str | Method, **kwargs) -> Method:
+    """A `Method` by registered name (kwargs go to its factory); a `Method` passes through unchanged. Every
+    method is registered once `fedlab_nb.methods` is imported (it imports every chapter), as it is whenever a
+    method file runs."""
+    if isinstance(name, Method):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"method must be a name or a Method, got {type(name).__name__}")
+    entry = lookup(name)
+    if entry.kind != "method":
+        raise ValueError(f"{name!r} is registered as a module ({entry.module}), not a round-based method: call "
+                         f"{entry.module}.{entry.factory.__name__} directly")
+    return entry.factory(**kwargs)

@@ -28,7 +28,7 @@ from ..core.streams import register_stream
 from ..utils import rng
 from .federated import FederatedDataset
 
-SEMISUP_SPLIT = register_stream("fedlabel", 62)  # shared with methods/fedlabel.py, keys of other length
+SEMISUP_SPLIT = register_stream("fedlabel", 62)  # shared with methods/labels/fedlabel.py, keys of other length
 
 
 def _check_fraction(fraction) -> float:

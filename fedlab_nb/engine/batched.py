@@ -17,7 +17,6 @@ parameters + its batch's saved activations, measured once with autograd's saved-
 """
 from __future__ import annotations
 
-import math
 import weakref
 
 import numpy as np
@@ -28,7 +27,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from ..models import param_spec, unflatten
 from . import fused
-from .rows import rows_out
+from .rows import rows_out, stacked_views
 
 MEMORY_BUDGET: int | None = None      # bytes for one chunk's working set; None = device default
 CPU_BUDGET = 256 * 2**20
@@ -153,16 +152,6 @@ def padded_schedule(jobs, offsets: np.ndarray):
             rows[s, k, :len(idx)] = offsets[k] + np.asarray(idx)
             mask[s, k, :len(idx)] = 1.0
     return rows, mask, tau
-
-
-def stacked_views(W: torch.Tensor, spec) -> dict[str, torch.Tensor]:
-    """Views of the rows of W [c, d] shaped [c, *shape] per parameter (updating one updates W)."""
-    out, i = {}, 0
-    for name, shape in spec:
-        n = math.prod(shape)
-        out[name] = W[:, i:i + n].view(W.shape[0], *shape)
-        i += n
-    return out
 
 
 def _masked_extra_loss(loss, objective, model):

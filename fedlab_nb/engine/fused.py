@@ -36,6 +36,7 @@ from torch import nn
 
 from ..core.optim import SGD
 from ..models import MLP, LogisticRegression
+from .rows import stacked_views
 
 
 def linear_layers(model: nn.Module | None) -> list[tuple[str, str]] | None:
@@ -63,7 +64,6 @@ def fusable(model, loss_fn, objective) -> list | None:
 
 def load_rows(P: dict[str, torch.Tensor], W: torch.Tensor, spec, n: int) -> None:
     """P[name][:n] = n clients' start parameters: their flat rows W [n, d], or θ [d] for all of them."""
-    from .batched import stacked_views   # batched imports this module
     for name, v in stacked_views(W.expand(n, -1) if W.dim() == 1 else W, spec).items():
         P[name][:n].copy_(v)
 

@@ -6,9 +6,11 @@ first write: for 100 clients of a 199,210-parameter MLP (80 MB) that costs a six
 training. A run's rounds need the same matrix again, so `RoundRows` keeps last round's and hands it out again
 — but only when no one else can see it: no Python reference, view, autograd graph or NumPy array of it is
 left (a method that keeps last round's Δ in its state gets a fresh matrix, and its copy is never written).
+`stacked_views` shapes a block of rows as one [c, *shape] view per parameter tensor (batched and fused use it).
 """
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -68,4 +70,14 @@ def rows_out(out: torch.Tensor | None, m: int, theta: torch.Tensor) -> torch.Ten
         raise ValueError(f"out: expected a contiguous [{m}, {theta.numel()}] {theta.dtype} matrix on {theta.device} "
                          f"(one row per job), got {tuple(out.shape)} {out.dtype} on {out.device}; "
                          "pass out=None for a fresh one")
+    return out
+
+
+def stacked_views(W: torch.Tensor, spec) -> dict[str, torch.Tensor]:
+    """Views of the rows of W [c, d] shaped [c, *shape] per parameter (updating one updates W)."""
+    out, i = {}, 0
+    for name, shape in spec:
+        n = math.prod(shape)
+        out[name] = W[:, i:i + n].view(W.shape[0], *shape)
+        i += n
     return out

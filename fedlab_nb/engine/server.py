@@ -15,13 +15,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..core.messages import Messages, dense_bytes
+from ..core.messages import Messages, TransformContext, dense_bytes
 from ..core.method import ClientUpdate, Method, RoundInfo
 from ..core.streams import ATTACK, BATCHES, DOWNLINK, POISON, SAMPLE, STRAGGLE, TRANSFORM
 from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
-from ..poison import check_poison
 from ..utils import check_positive_int, rng
+from . import batched
 from .checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
@@ -126,7 +126,6 @@ def pick_backend(cfg: RunConfig, method: Method, model: torch.nn.Module | None =
     else the loop. Models with buffers (BatchNorm running statistics, updated in place) train on the loop."""
     if cfg.backend == "loop":
         return train_clients_loop
-    from . import batched
     buffers = model is not None and next(model.buffers(), None) is not None
     if method.vmappable and not buffers:
         return batched.train_clients_vmap if cfg.backend == "vmap" else batched.train_clients_fused
@@ -217,7 +216,6 @@ def personal_models(s: RoundSetup, r: int, theta: torch.Tensor, store: ClientSto
 def uplink(s: RoundSetup, r: int, msgs: Messages, cstate: dict, byz: torch.Tensor, attack, theta, down=None) -> tuple:
     """The method's uplink transforms in order, then the attack on the Byzantine clients' messages (the one
     place attacks happen). Returns (messages, new client state)."""
-    from ..core.messages import TransformContext
     for i, transform in enumerate(s.method.uplink):
         prefix = f"uplink{i}."
         own = {k[len(prefix):]: v for k, v in cstate.items() if k.startswith(prefix)}
@@ -356,6 +354,17 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
                          f"fed.num_classes)), or pass loss= for a non-classification objective")
 
 
+def check_poison(poison, num_clients: int) -> None:
+    """A poison must be callable and name clients of this federation."""
+    if not callable(poison) or not hasattr(poison, "clients"):
+        raise TypeError("poison must be a callable with a `clients` attribute, e.g. "
+                        "fedlab_nb.methods.robustness.poison.LabelFlip(...) or PixelTrigger(...); "
+                        f"got {type(poison).__name__}")
+    bad = [k for k in poison.clients if not 0 <= k < num_clients]
+    if bad:
+        raise ValueError(f"poison.clients {bad} are not clients of this federation (0 … {num_clients - 1})")
+
+
 def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module = "mlp", *,
              rounds: int = 20, clients_per_round=None, local_epochs: int = 1, local_steps: int | None = None,
              batch_size: int = 32, lr: float = 0.05, seed: int = 0, eval_every: int = 1, stragglers: float = 0.0,
@@ -374,8 +383,9 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     non-classification objective (default cross-entropy). `checkpoint`: a file written atomically after
     every round; `resume=True` continues from it (also in a new process) and ends with the same History as
     an uninterrupted run. `callback(round, theta, row)` is called after each round. `store_device`: where
-    the per-client state of all K clients lives. `poison` (fedlab_nb.poison: LabelFlip, PixelTrigger ...)
-    transforms the training rows of `poison.clients` in every round; its `evaluate` adds History columns."""
+    the per-client state of all K clients lives. `poison` (fedlab_nb.methods.robustness.poison: LabelFlip,
+    PixelTrigger ...) transforms the training rows of `poison.clients` in every round; its `evaluate` adds History
+    columns."""
     if not isinstance(method, Method):
         raise TypeError(f"method must be a fedlab_nb Method, got {type(method).__name__}; use fedlab_nb.simulate "
                         "(or fedlab_nb.get_method) to build one from a name")

@@ -8,7 +8,8 @@ from .claims import (ERROR, INCONCLUSIVE, NOT_REPRODUCED, PARTIAL, REPRODUCED, C
                      UnknownPaperError, check_claims, claim_verdicts, headline, judge_detail, load_claims, load_paper,
                      paper_ids, show_intervals)
 from .expect import ExpectationError, parse_expectation
-from .recording import record, recorded, save_figure
+from .figures import save_figure
+from .recording import record, recorded
 
 _LAZY = {  # papermill-based pieces load on first use, so `import repro` stays cheap inside a kernel
     "run_notebook": "runner", "reproduce": "runner", "mismatches": "runner", "ParameterError": "runner",

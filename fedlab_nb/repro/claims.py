@@ -19,7 +19,7 @@ import yaml
 from .expect import Expectation, ExpectationError, MetricError, covers, metric_value, parse_expectation
 from .recording import recorded
 from .verdicts import (DEFAULT_CONFIDENCE, ERROR, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, PARTIAL, REPRODUCED,
-                       judge_seeded)
+                       judge_seeded, summary_text)
 
 STORED_VERDICTS = (REPRODUCED, PARTIAL, NOT_REPRODUCED, INCONCLUSIVE)
 HEADLINE, SUPPORTING, CHECK = "headline", "supporting", "check"
@@ -696,7 +696,6 @@ def check_claims(paper_id: str, metrics: dict | None = None) -> None:
 
 def show_intervals(paper_id: str, metrics: dict | None = None) -> None:
     """Print mean ± half-width per seeded claim; for a cell nbval does not check (the numbers vary)."""
-    from .verdicts import summary_text
     paper = load_claims(find_claims_file(paper_id))
     metrics = recorded() if metrics is None else metrics
     for claim in paper.claims:

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 
 from .claims import ReproError
+from .recording import run_dir, write_json_atomic
+from .runner import reproduce
 
 DATA_SUFFIX = ".data.json"
 DEFAULT_TOLERANCE = {"rtol": 0.02, "atol": 1e-3}
@@ -146,7 +149,6 @@ def figure_payload(figure, name: str, data=None) -> dict:
 
 
 def write_figure_data(folder: Path, name: str, payload: dict) -> Path:
-    from .recording import write_json_atomic
     path = Path(folder) / f"{name}{DATA_SUFFIX}"
     write_json_atomic(path, payload)
     return path
@@ -201,7 +203,6 @@ def reference_for(reference: dict, cpu: str) -> tuple[dict, str]:
 
 
 def write_reference(paper_id: str, root, figures: dict, parameters: dict, cpu: str, by_cpu: dict | None = None) -> Path:
-    from .recording import write_json_atomic
     path = reference_path(paper_id, root)
     body = {"paper": paper_id, "scale": "smoke", "parameters": parameters, "cpu": cpu, "figures": figures}
     if by_cpu:
@@ -298,6 +299,28 @@ def figure_problems(paper, run_dir) -> list[str] | None:
     return problems
 
 
+def save_figure(fig, name: str = "main", data=None) -> None:
+    """Save a matplotlib figure (or anything with `.figure`, e.g. a seaborn grid or an Axes) for the report,
+    and the numbers it shows as `<name>.data.json` (compared with papers/figures/<id>.json by the tests).
+
+    `data` (optional) gives those numbers instead of reading them off the figure: a dict of name -> 1-D
+    sequence, name -> seeds × points array (stores mean, sd and n per point), or a pandas DataFrame; pass it
+    when the figure shows a mean over seeds. The figure is not closed, so Jupyter still shows it inline.
+    Without a run folder (interactive use, nbval) nothing is written. Returns None, so the cell shows no path."""
+    if not isinstance(name, str) or not re.match(r"^[\w.-]+$", name):
+        raise ValueError(f"save_figure(name=...) must be a simple file name such as 'main', got {name!r}")
+    figure = fig if hasattr(fig, "savefig") else getattr(fig, "figure", None)
+    if figure is None or not hasattr(figure, "savefig"):
+        raise TypeError(f"save_figure needs a matplotlib Figure (or an object with .figure), got {type(fig).__name__}")
+    if data is not None:
+        data_series(data)  # a bad `data` fails interactively too, not only under the runner
+    folder = run_dir()
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        figure.savefig(folder / f"{name}.png", dpi=100, bbox_inches="tight")
+        write_figure_data(folder, name, figure_payload(figure, name, data))
+
+
 # ---------------------------------------------------------------------------------------------- CLI helpers
 def smoke_run_dir(paper_id: str, root, out_dir, from_dir=None) -> Path:
     """The run folder whose figure data to use: `from_dir`, else a smoke `reproduce` (re-run when the
@@ -305,7 +328,6 @@ def smoke_run_dir(paper_id: str, root, out_dir, from_dir=None) -> Path:
     if from_dir is not None:
         folder = Path(from_dir)
     else:
-        from .runner import reproduce
         result = reproduce(paper_id, "smoke", out_dir=out_dir, root=root)
         if result.get("skipped") and not result.get("figure_data"):
             result = reproduce(paper_id, "smoke", force=True, out_dir=out_dir, root=root)

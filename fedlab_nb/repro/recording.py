@@ -103,27 +103,3 @@ def record(name: str, value) -> None:
 def recorded() -> dict:
     """A copy of the metrics recorded in this session."""
     return dict(_metrics)
-
-
-def save_figure(fig, name: str = "main", data=None) -> None:
-    """Save a matplotlib figure (or anything with `.figure`, e.g. a seaborn grid or an Axes) for the report,
-    and the numbers it shows as `<name>.data.json` (compared with papers/figures/<id>.json by the tests).
-
-    `data` (optional) gives those numbers instead of reading them off the figure: a dict of name -> 1-D
-    sequence, name -> seeds × points array (stores mean, sd and n per point), or a pandas DataFrame; pass it
-    when the figure shows a mean over seeds. The figure is not closed, so Jupyter still shows it inline.
-    Without a run folder (interactive use, nbval) nothing is written. Returns None, so the cell shows no path."""
-    from . import figures  # numpy-only module; imported here to keep `import repro` light
-
-    if not isinstance(name, str) or not re.match(r"^[\w.-]+$", name):
-        raise ValueError(f"save_figure(name=...) must be a simple file name such as 'main', got {name!r}")
-    figure = fig if hasattr(fig, "savefig") else getattr(fig, "figure", None)
-    if figure is None or not hasattr(figure, "savefig"):
-        raise TypeError(f"save_figure needs a matplotlib Figure (or an object with .figure), got {type(fig).__name__}")
-    if data is not None:
-        figures.data_series(data)  # a bad `data` fails interactively too, not only under the runner
-    folder = run_dir()
-    if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-        figure.savefig(folder / f"{name}.png", dpi=100, bbox_inches="tight")
-        figures.write_figure_data(folder, name, figures.figure_payload(figure, name, data))

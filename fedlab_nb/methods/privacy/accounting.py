@@ -1,0 +1,129 @@
+"""Privacy accounting through Google's `dp-accounting` library (RDP and PLD accountants): no hand-written
+accountant. A round (or a DP-SGD step) of the sampled Gaussian mechanism is one `DpEvent`; T of them
+compose. Used by DP-FedAvg (client-level: q = the client sampling rate) and DP-SGD (sample-level: q = B/n).
+
+    epsilon(q=0.1, noise_multiplier=1.0, steps=100, delta=1e-5)            # ε after 100 rounds
+    noise_for_epsilon(target_epsilon=3, q=0.1, steps=100, delta=1e-5)       # the z that spends exactly ε
+
+`sampling="poisson"` (each unit independently with probability q) or `"fixed"` (a fixed-size sample
+without replacement, q = m/K; RDP only, substitution neighbours).
+
+`noise_multiplier` is the noise std over the query's ℓ2 sensitivity *for that neighbouring relation*: with
+add/remove-one (Poisson) a sum of S-clipped vectors has sensitivity S; with replace-one (fixed) it has 2S, so
+noise z·S is a multiplier of z/2 there (`fedlab_nb.methods.privacy.dp.central_epsilon` does this conversion)."""
+from __future__ import annotations
+
+import logging
+import math
+
+ACCOUNTANTS = ("rdp", "pld")
+SAMPLINGS = ("poisson", "fixed")
+
+
+def _number(name: str, value) -> None:
+    """A real number (not a bool, not a string): a TypeError naming the parameter otherwise."""
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}"
+                        + (f"; write {name}={float(value)!r}" if isinstance(value, str) and _is_float(value) else ""))
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check(q: float, noise_multiplier: float, steps: int, delta: float, accountant: str, sampling: str):
+    for name, value in (("q", q), ("noise_multiplier", noise_multiplier), ("delta", delta)):
+        _number(name, value)
+    if isinstance(steps, bool):
+        raise ValueError(f"steps must be an int >= 0 (rounds or DP-SGD steps), got the bool {steps!r}")
+    if not math.isfinite(noise_multiplier):
+        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
+    if not 0 < q <= 1:
+        raise ValueError(f"q (the sampling rate) must be in (0, 1], got {q!r}")
+    if not noise_multiplier >= 0:
+        raise ValueError(f"noise_multiplier must be >= 0 (0: no privacy), got {noise_multiplier!r}")
+    if not (isinstance(steps, int) and steps >= 0):
+        raise ValueError(f"steps must be an int >= 0 (rounds or DP-SGD steps), got {steps!r}")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), e.g. 1/K^1.1 for K users; got {delta!r}")
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+    if sampling == "fixed" and accountant != "rdp":
+        raise ValueError("fixed-size sampling is accounted by the RDP accountant only; pass accountant='rdp'")
+
+
+def dp_event(q: float, noise_multiplier: float, steps: int, sampling: str = "poisson"):
+    """The `dp_accounting` event of `steps` compositions of the q-sampled Gaussian mechanism (noise z·S)."""
+    import dp_accounting as dpa
+    gauss = dpa.GaussianDpEvent(noise_multiplier)
+    if q < 1:
+        gauss = (dpa.PoissonSampledDpEvent(q, gauss) if sampling == "poisson"
+                 else dpa.SampledWithoutReplacementDpEvent(10**6, int(round(q * 10**6)), gauss))
+    return dpa.SelfComposedDpEvent(gauss, steps)
+
+
+def epsilon(q: float, noise_multiplier: float, steps: int, delta: float, accountant: str = "rdp",
+            sampling: str = "poisson") -> float:
+    """ε of `steps` compositions of the q-sampled Gaussian mechanism at δ (inf when z = 0 and steps > 0)."""
+    _check(q, noise_multiplier, steps, delta, accountant, sampling)
+    if steps == 0:
+        return 0.0
+    if noise_multiplier == 0:
+        return math.inf
+    acc = _accountant_for(accountant, sampling)
+    with _quiet_absl():
+        return float(acc.compose(dp_event(q, noise_multiplier, steps, sampling)).get_epsilon(delta))
+
+
+def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float, accountant: str = "rdp",
+                      sampling: str = "poisson") -> float:
+    """The smallest noise multiplier z whose ε after `steps` is ≤ target_epsilon (the library's calibration).
+
+    PLD is bracketed by the RDP answer (RDP's ε is never below PLD's, so z_PLD ≤ z_RDP): starting PLD's
+    search at a tiny z would build a privacy-loss distribution with billions of buckets."""
+    import dp_accounting as dpa
+    _check(q, 1.0, steps, delta, accountant, sampling)
+    _number("target_epsilon", target_epsilon)
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+        raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r} (ε = inf needs no "
+                         "noise: noise_multiplier=0)")
+    bracket = dpa.LowerEndpointAndGuess(1e-3, 1.0)
+    if accountant == "pld":
+        upper = noise_for_epsilon(target_epsilon, q, steps, delta, "rdp", sampling)
+        lower = 0.8 * upper  # PLD usually needs 5-15 % less noise than RDP says
+        while lower > 0.05 and epsilon(q, lower, steps, delta, "pld", sampling) <= target_epsilon:
+            lower /= 2  # until PLD's ε at `lower` exceeds the target: [lower, upper] brackets the answer
+        bracket = dpa.ExplicitBracketInterval(lower, upper)
+    with _quiet_absl():
+        return float(dpa.calibrate_dp_mechanism(lambda: _accountant_for(accountant, sampling),
+                                                lambda z: dp_event(q, z, steps, sampling),
+                                                target_epsilon, delta, bracket))
+
+
+def _accountant_for(accountant: str, sampling: str):
+    import dp_accounting as dpa
+    if accountant == "pld":
+        return dpa.pld.PLDAccountant()
+    relation = (dpa.NeighboringRelation.REPLACE_ONE if sampling == "fixed"
+                else dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    return dpa.rdp.RdpAccountant(neighboring_relation=relation)
+
+
+class _quiet_absl:
+    """Silence dp-accounting's absl warnings ("failed to converge ... Excluding this order"): the
+    accountant drops that RDP order and the result stays valid."""
+
+    def __enter__(self):
+        self.logger = logging.getLogger("absl")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        self.logger.setLevel(self.level)
