@@ -1,7 +1,8 @@
 """`fedlab-nb`: list papers, run or reproduce their notebooks, build the report, list data sets.
 
     fedlab-nb list
-    fedlab-nb run afl -p clients 20 --scale smoke --device cpu    (writes results/runs/afl-smoke-<hash>/)
+    fedlab-nb params afl                                            (its notebook's parameters and scales)
+    fedlab-nb run afl -p clients 20 --scale smoke --device cpu    (writes results/runs/afl-smoke-clients=20_...-<hash>/)
     fedlab-nb reproduce afl fedau --scale smoke [--force]      |   fedlab-nb reproduce --all
     fedlab-nb report
     fedlab-nb figures check afl   |   fedlab-nb figures update afl   (papers/figures/afl.json)
@@ -47,10 +48,17 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--role", choices=[*C.ROLES, "reported"], help="only claims of this role (implies --claims)")
     ls.add_argument("--verdict", help="only papers whose headline verdict contains this, e.g. 'not reproduced'")
     ls.add_argument("--chapter", help="only papers of the course lesson whose key or title contains this")
-    run = command("run", "execute one paper's notebook with papermill")
+    run = sub.add_parser("run", help="execute one paper's notebook with papermill", parents=[where],
+                         description="Execute one paper's notebook with papermill into its own folder, "
+                         "results/runs/<id>-<scale>-<name>=<value>_...-<8 hex>/ (the executed notebook, "
+                         "parameters.json, figures and metrics), then judge the paper's claims.",
+                         epilog="A paper's parameters, their types and defaults, and its scales: fedlab-nb params ID")
     run.add_argument("paper")
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                     help="notebook parameter; VALUE is read as YAML (0.1 -> float, true -> bool)")
+                     help="notebook parameter (fedlab-nb params ID lists them); VALUE is read as YAML "
+                     "(0.1 -> float, true -> bool)")
+    par = command("params", "a paper's notebook parameters (types, defaults) and its scales' overrides")
+    par.add_argument("paper")
     rep = command("reproduce", "run notebooks, check claims, write results/<id>-<scale>.json")
     rep.add_argument("papers", nargs="*")
     rep.add_argument("--all", action="store_true", help="every papers/*.yaml")
@@ -252,22 +260,61 @@ def _parse_parameters(pairs) -> dict:
 
 
 def cmd_run(args) -> int:
+    from fedlab_nb.repro.report import fmt
     from fedlab_nb.repro.runner import run_notebook
     root = _root(args)
     params = _parse_parameters(args.parameter)
+    watching = sys.stderr.isatty()  # a bar when someone is watching, else a plain line per cell (logs, CI)
     out = run_notebook(args.paper, args.scale, params, args.device, _results(args, root), root,
-                       progress=sys.stderr.isatty())  # a cells-done bar when someone is watching
-    print(f"executed notebook: {out['notebook']}  ({out['wall_seconds']} s; figures and metrics in {out['run_dir']})")
-    from fedlab_nb.repro.report import fmt
+                       progress=True if watching else "lines")
+    if out["error"]:  # the error first; then where to read the traceback, only if that notebook exists
+        e = out["error"]
+        where = f" in cell {e['cell']}" if e["cell"] is not None else ""
+        print(printable(f"error: notebook failed{where} after {out['wall_seconds']} s: {e['ename']}: {e['evalue']}"),
+              file=sys.stderr)
+        if out["notebook"]:
+            print(f"the executed notebook, with the traceback: {out['notebook']}", file=sys.stderr)
+        else:
+            log = Path(out["folder"]) / f"{Path(out['run_dir']).name}.kernel.log"
+            print("no executed notebook was written" + (f" (the kernel's log: {log})" if log.is_file() else ""),
+                  file=sys.stderr)
+    else:
+        print(f"executed notebook: {out['notebook']}  ({out['wall_seconds']} s)")
+    print(f"run folder: {out['folder']} (parameters.json; figures and metrics in {Path(out['run_dir']).name}/)")
     for name, value in sorted(out["metrics"].items()):
         print(f"  {name} = {fmt(value)}")  # rounded for reading; metrics.json keeps every digit
     if out["error"]:
-        e = out["error"]
-        print(f"error: notebook failed in cell {e['cell']}: {e['ename']}: {e['evalue']}", file=sys.stderr)
         return 1
     paper = C.load_paper(args.paper, root)
     for claim in paper.claims:
         print(C.claim_line(claim, *C.judge(claim, out["metrics"])))
+    return 0
+
+
+def cmd_params(args) -> int:
+    """A paper's notebook parameters (from its cell tagged `parameters`) and what each scale sets."""
+    from fedlab_nb.repro.runner import notebook_path, parameter_table
+    root = _root(args)
+    paper = C.load_paper(args.paper, root)
+    rows = parameter_table(notebook_path(paper))
+    print(f"{paper.id} — {paper.method}: {paper.notebook}, cell tagged `parameters`")
+    if not rows:
+        print("  no parameters (the notebook has no cell tagged parameters; -p is refused)")
+    width = [max((len(r[k]) for r in rows), default=0) for k in ("name", "type", "default")]
+    for r in rows:
+        note = "  # set by --scale" if r["name"] == "scale" else "  # set by --device" if r["name"] == "device" else ""
+        comment = f"  # {r['comment']}" if r["comment"] else note
+        print(printable(f"  {r['name']:<{width[0]}}  {r['type']:<{width[1]}}  {r['default']:<{width[2]}}{comment}"
+                        .rstrip()))
+    print("scales (--scale NAME; -p NAME VALUE overrides any of these):")
+    for name, scale in paper.scales.items():
+        given = ", ".join(f"{k}={v!r}" for k, v in scale["parameters"].items()) or "the notebook's defaults"
+        extra = (f"; device {scale['device']}" if scale.get("device") else "") + \
+            (f"; about {scale['seconds']} s" if scale.get("seconds") is not None else "")
+        print(printable(f"  {name}: {given}{extra}"))
+    example = next((r for r in rows if r["name"] not in ("scale", "device", "seed")), None)
+    if example:
+        print(f"e.g. fedlab-nb run {paper.id} -p {example['name']} {example['default']}")
     return 0
 
 
@@ -457,7 +504,7 @@ class UsageError(C.ReproError):
     exit_code = 2
 
 
-COMMANDS = {"list": cmd_list, "run": cmd_run, "reproduce": cmd_reproduce, "report": cmd_report, "data": cmd_data,
+COMMANDS = {"list": cmd_list, "run": cmd_run, "params": cmd_params, "reproduce": cmd_reproduce, "report": cmd_report, "data": cmd_data,
             "figures": cmd_figures, "history": cmd_history, "lab": cmd_lab}
 
 

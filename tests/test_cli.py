@@ -3,6 +3,7 @@ commands on a temporary copy of the fixture repository (tests/data/tinyroot)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -90,13 +91,27 @@ def test_usage_errors_are_one_line_exit_2(repo, capsys, argv, message):
 def test_run_with_parameters(repo, capsys):
     _, args, results = repo
     assert main(args + ["run", "tiny", "-p", "value", "20", "-p", "n_points", "2", "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "value = 20" in out and "double = 40" in out  # rounded for reading (4 significant digits)
     assert "value_huge (value >= 10): REPRODUCED" in out
     # `run` has its own folder: it never overwrites what `reproduce` wrote (and the board embeds)
     [folder] = (results / "runs").iterdir()
     assert (folder / "tiny-smoke.ipynb").is_file() and (folder / "tiny-smoke" / "main.png").is_file()
     assert not (results / "tiny-smoke.ipynb").exists() and not (results / "tiny-smoke.json").exists()
+    # a readable folder name (the given parameters first), with parameters.json beside the executed notebook
+    assert re.fullmatch(r"tiny-smoke-value=20.0_n_points=2_device=cpu-[0-9a-f]{8}", folder.name)
+    saved = json.loads((folder / "parameters.json").read_text())
+    assert saved["command"] == "fedlab-nb run tiny --scale smoke -p value 20 -p n_points 2 --device cpu"
+    assert saved["parameters"] == {"n_points": 2, "value": 20.0, "scale": "smoke", "device": "cpu"}
+    assert saved["effective"] == {"scale": "smoke", "seed": 0, "device": "cpu", "value": 20.0, "n_points": 2,
+                                  "fail": False}
+    assert saved["given"] == {"value": 20, "n_points": 2} and saved["scale_parameters"] == {"n_points": 4}
+    assert f"run folder: {folder} (parameters.json" in out
+    # progress when stderr is not a terminal: a start line, then one plain line per code cell
+    err = captured.err
+    assert err.splitlines()[0] == f"tiny (smoke): running notebooks/tiny.ipynb into {folder}"
+    assert re.findall(r"tiny: cell (\d+) of 4 \(\d+ s elapsed\)", err) == ["1", "2", "3", "4"]
 
 
 @pytest.mark.notebook
@@ -229,3 +244,97 @@ def test_kernel_process_messages_go_to_a_log_not_the_terminal(tmp_path, capfd):
     assert "KERNEL-PROCESS-STDERR" not in captured.err + captured.out
     assert "running over TCP" not in captured.err
     assert "KERNEL-PROCESS-STDERR" in (tmp_path / "results" / "tiny-smoke.kernel.log").read_text()
+
+
+# ---------------------------------------------------------------------------------------------- run: params, folder, progress
+def test_params_lists_the_notebook_parameters_and_the_scales(repo, capsys):
+    _, args, _ = repo
+    assert main(args + ["params", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny — Tiny — harness fixture: notebooks/tiny.ipynb, cell tagged `parameters`" in out
+    rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines()[1:7]}
+    assert rows == {"scale": ["str", '"smoke"'], "seed": ["int", "0"], "device": ["str", '"cpu"'],
+                    "value": ["float", "0.5"], "n_points": ["int", "3"], "fail": ["bool", "False"]}
+    assert "  smoke: n_points=4; device cpu; about 10 s" in out and "  paper: value=2.0; device cpu" in out
+    assert "e.g. fedlab-nb run tiny -p value 0.5" in out
+    assert main(args + ["params", "tinny"]) == 2
+    assert "did you mean tiny?" in capsys.readouterr().err
+
+
+def test_parameter_table_reads_comments_annotations_and_long_defaults(tmp_path):
+    import nbformat
+    from fedlab_nb.repro.runner import parameter_table
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell('lr = 0.1  # the step size\nname: str = None\nsizes = [\n  1,  # one\n  2,\n]\n'
+                                     'big = list(range(3))\nlong = "' + "x" * 80 + '"')
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells.append(cell)
+    nbformat.write(nb, str(tmp_path / "nb.ipynb"))
+    rows = {r["name"]: r for r in parameter_table(tmp_path / "nb.ipynb")}
+    assert (rows["lr"]["type"], rows["lr"]["default"], rows["lr"]["comment"]) == ("float", "0.1", "the step size")
+    assert (rows["name"]["type"], rows["name"]["default"]) == ("str", "None")
+    assert (rows["sizes"]["type"], rows["sizes"]["default"]) == ("list", "[1, 2]")
+    assert (rows["big"]["type"], rows["big"]["default"]) == ("any", "list(range(3))")
+    assert len(rows["long"]["default"]) == 48 and rows["long"]["default"].endswith("...")
+
+
+def test_run_help_points_to_params(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--help"])
+    assert done.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fedlab-nb params ID" in out and "parameters.json" in out
+
+
+def test_unknown_parameter_is_refused_before_running_with_the_valid_names(repo, capsys):
+    _, args, results = repo
+    assert main(args + ["run", "tiny", "-p", "valu", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown parameter 'valu' for tiny.ipynb (did you mean 'value'?); " \
+           "valid: device, fail, n_points, scale, seed, value" in err
+    assert not results.exists()  # nothing ran
+
+
+def test_run_folder_names_are_readable_safe_and_clipped():
+    from fedlab_nb.repro.runner import FOLDER_LENGTH, run_folder
+    folder = run_folder("tiny", "smoke", {"scale": "smoke", "n_points": 4, "value": 20}, "/r", first=["value"])
+    assert folder.parent == Path("/r/runs")
+    assert re.fullmatch(r"tiny-smoke-value=20_n_points=4-[0-9a-f]{8}", folder.name)
+    odd = run_folder("tiny", "paper", {"path": "/tmp/a b", "sizes": [1, 2], "iid": True, "eps": 1e-05,
+                                       "name": None, "text": "ü!"}, "/r")
+    assert re.fullmatch(r"tiny-paper-eps=1e-05_iid=true_name=null_path=tmp-a-b_sizes=1-2_text=--[0-9a-f]{8}",
+                        odd.name), odd.name
+    long = run_folder("tiny", "smoke", {f"parameter_{i}": "x" * 30 for i in range(20)}, "/r")
+    assert len(long.name) <= FOLDER_LENGTH and re.fullmatch(r"[A-Za-z0-9_.=-]+-[0-9a-f]{8}", long.name)
+    assert run_folder("tiny", "smoke", {}, "/r").name.startswith("tiny-smoke-defaults-")
+    assert run_folder("tiny", "smoke", {"value": 1}, "/r") != run_folder("tiny", "smoke", {"value": 2}, "/r")
+
+
+def test_failed_run_without_an_executed_notebook_prints_no_notebook_path(repo, capsys, monkeypatch):
+    import papermill
+    _, args, results = repo
+
+    def kernel_dies(*_, **__):
+        raise RuntimeError("Kernel died before replying to kernel_info")
+    monkeypatch.setattr(papermill, "execute_notebook", kernel_dies)
+    assert main(args + ["run", "tiny", "-p", "value", "2"]) == 1
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.startswith(("error", "no executed", "the executed"))]
+    assert err[0].startswith("error: notebook failed after ")
+    assert err[0].endswith("s: RuntimeError: Kernel died before replying to kernel_info")
+    assert err[1].startswith("no executed notebook was written")
+    assert not re.search(r"runs/\S*\.ipynb", captured.out + captured.err)  # no path that does not exist
+    [folder] = (results / "runs").iterdir()
+    assert not list(folder.glob("*.ipynb")) and (folder / "parameters.json").is_file()
+
+
+@pytest.mark.notebook
+def test_failed_run_prints_the_error_first(repo, capsys):
+    _, args, results = repo
+    assert main(args + ["run", "tiny", "-p", "fail", "true"]) == 1
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if not line.startswith("tiny")]  # progress lines aside
+    assert re.fullmatch(r"error: notebook failed in cell \d+ after [\d.]+ s: RuntimeError: asked to fail", err[0])
+    notebook = Path(err[1].removeprefix("the executed notebook, with the traceback: "))
+    assert notebook.is_file() and "asked to fail" in notebook.read_text()
+    assert "executed notebook:" not in captured.out and "REPRODUCED" not in captured.out

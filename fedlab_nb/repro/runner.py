@@ -1,7 +1,8 @@
 """Run a paper's notebook with papermill and turn its recorded metrics into a result file.
 
-    run_notebook(id, scale)  -> executed notebook, figures + metrics in their own folder
-                                results/runs/<id>-<scale>-<hash of the parameters>/ (never reproduce's files)
+    run_notebook(id, scale)  -> executed notebook, parameters.json, figures + metrics in their own folder
+                                results/runs/<id>-<scale>-<name>=<value>_...-<8 hex of the parameters>/
+                                (never reproduce's files)
     reproduce(id, scale)     -> the above + claim verdicts in results/<id>-<scale>.json (skipped when a
                                 result with the same notebook, claims file and parameters exists and its outputs are untouched)
 """
@@ -58,6 +59,49 @@ def notebook_parameters(notebook: Path) -> dict:
     return defaults
 
 
+def parameter_table(notebook: Path) -> list[dict]:
+    """The notebook's `parameters` cell, one row per name in its order: {name, type, default (source text),
+    comment (the line's trailing comment)}; the type is the annotation's, else the literal default's."""
+    nb = nbformat.read(str(notebook), as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        return []
+    source = cells[0].source
+    lines, rows = source.splitlines(), {}
+    for node in ast.parse(source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        value = getattr(node, "value", None)
+        if value is None:
+            continue
+        try:
+            kind = _type_family(ast.literal_eval(value))
+        except (ValueError, TypeError, SyntaxError):
+            kind = "any"
+        if kind == "NoneType":
+            kind = "any"
+        if isinstance(node, ast.AnnAssign):
+            kind = ast.get_source_segment(source, node.annotation) or kind
+        rest = lines[node.end_lineno - 1][node.end_col_offset:].strip()
+        comment = rest[1:].strip() if rest.startswith("#") else ""
+        for target in targets:
+            if isinstance(target, ast.Name):
+                rows[target.id] = {"name": target.id, "type": kind, "default": _default_text(source, value),
+                                   "comment": comment}
+    return list(rows.values())
+
+
+def _default_text(source: str, value: ast.expr, width: int = 48) -> str:
+    """A default as one line (a literal spread over lines is printed again; other code is its source text,
+    comments dropped), clipped to `width` characters."""
+    text = ast.get_source_segment(source, value) or "?"
+    if "\n" in text:
+        try:
+            text = repr(ast.literal_eval(value))
+        except (ValueError, TypeError, SyntaxError):
+            text = " ".join(ast.unparse(value).split())
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def _literal(default):
     return None if default is _NO_DEFAULT else default
 
@@ -75,8 +119,11 @@ def check_parameters(parameters: dict, defaults: dict, notebook: Path) -> dict:
     checked = {}
     for name, value in parameters.items():
         if name not in defaults:
-            raise ParameterError(f"unknown parameter {name!r} for {notebook.name}; "
-                                 f"valid: {', '.join(sorted(defaults)) or 'none (no cell tagged parameters)'}")
+            import difflib
+            close = difflib.get_close_matches(name, list(defaults), n=1)
+            raise ParameterError(f"unknown parameter {name!r} for {notebook.name}"
+                                 + (f" (did you mean {close[0]!r}?)" if close else "")
+                                 + f"; valid: {', '.join(sorted(defaults)) or 'none (no cell tagged parameters)'}")
         default = defaults[name]
         if default is _NO_DEFAULT or default is None or value is None:
             checked[name] = value
@@ -150,23 +197,35 @@ def _out_dir(out_dir, root: Path) -> Path:
 
 def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = None, device: str | None = None,
                  out_dir=None, root=None, progress: bool = False) -> dict:
-    """Execute a paper's notebook; returns {notebook, run_dir, parameters, metrics, error, wall_seconds}.
+    """Execute a paper's notebook; returns {notebook, run_dir, folder, parameters_file, parameters, metrics,
+    error, wall_seconds} (`notebook` is None when no executed notebook was written).
+    `progress`: True for papermill's bar, "lines" for a plain line on stderr as each code cell starts.
 
     A notebook that raises does not raise here: `error` holds the failing cell index, exception name and
     message, and the executed notebook (with the traceback) is still saved."""
     root = Path(root or default_root()).absolute()
     paper = load_paper(paper_id, root)
-    params, _ = build_parameters(paper, scale, parameters, device)
+    params, defaults = build_parameters(paper, scale, parameters, device)
     results = _out_dir(out_dir, root)
-    folder = run_folder(paper.id, scale, params, results)
+    given = [*(parameters or {}), *(["device"] if device is not None else [])]
+    folder = run_folder(paper.id, scale, params, results, first=given)
     make_folder(folder.parent)
     stem = f"{paper.id}-{scale}"
     refuse_link(folder)
     _refuse_links(folder, stem)
+    refuse_link(folder / PARAMETERS_FILE)
+    if progress == "lines":  # the parameters are valid: say what runs, and where its files go
+        print(f"{paper.id} ({scale}): running {paper.notebook} into {folder}", file=sys.stderr, flush=True)
     with run_lock(results, paper.id, scale), staging(folder, stem) as tmp:
+        write_parameters_file(tmp, paper, scale, params, defaults, dict(parameters or {}), device)
         run = _execute(paper, scale, params, tmp, progress)
-        publish(tmp, folder, _outputs(stem))
-    return {**run, "notebook": str(folder / f"{stem}.ipynb"), "run_dir": str(folder / stem)}
+        executed = (tmp / f"{stem}.ipynb").is_file()  # not when the kernel could not start
+        if not executed:  # an earlier run's notebook must not pass for this run's
+            (folder / f"{stem}.ipynb").unlink(missing_ok=True)
+        publish(tmp, folder, [PARAMETERS_FILE, *_outputs(stem)])
+    notebook = folder / f"{stem}.ipynb"
+    return {**run, "notebook": str(notebook) if executed else None, "run_dir": str(folder / stem),
+            "folder": str(folder), "parameters_file": str(folder / PARAMETERS_FILE)}
 
 
 def _refuse_links(folder: Path, stem: str) -> None:
@@ -180,11 +239,63 @@ def _outputs(stem: str, result: bool = False) -> list[str]:
     return [stem, f"{stem}.ipynb", f"{stem}.kernel.log", *([f"{stem}.json"] if result else [])]
 
 
-def run_folder(paper_id: str, scale: str, params: dict, out_dir) -> Path:
-    """results/runs/<id>-<scale>-<8 hex of the parameters>: a `run` never overwrites what `reproduce` wrote
-    (and the board embeds), and runs with other parameters do not overwrite each other."""
-    key = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    return Path(out_dir) / "runs" / f"{paper_id}-{scale}-{key}"
+FOLDER_CHARS = re.compile(r"[^A-Za-z0-9_.=-]+")
+FOLDER_LENGTH = 120  # characters of a run folder's name, the 8 hex digits included
+
+
+def parameters_key(params: dict) -> str:
+    """8 hex digits of the parameters: runs with other parameters never share a folder."""
+    return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def _folder_value(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)  # true, false, null
+    if isinstance(value, (list, tuple)):
+        return "-".join(map(_folder_value, value)) or "empty"
+    return str(value)
+
+
+def run_folder(paper_id: str, scale: str, params: dict, out_dir, first=()) -> Path:
+    """results/runs/<id>-<scale>-<name>=<value>_...-<8 hex of the parameters>: a `run` never overwrites what
+    `reproduce` wrote (and the board embeds), and runs with other parameters do not overwrite each other.
+    The names in `first` (those given on the command line) come first, then the others by name; the readable
+    part holds only [A-Za-z0-9_.=-] and is clipped so that the name stays under FOLDER_LENGTH characters."""
+    names = [n for n in first if n in params] + sorted(n for n in params if n not in first and n != "scale")
+    shown = "_".join(f"{n}={FOLDER_CHARS.sub('-', _folder_value(params[n])).strip('-.') or '-'}" for n in names)
+    head = f"{paper_id}-{scale}"
+    room = FOLDER_LENGTH - len(head) - len("--") - 8
+    if len(shown) > room:
+        shown = shown[:room].rstrip("_-.")
+    return Path(out_dir) / "runs" / f"{head}-{shown or 'defaults'}-{parameters_key(params)}"
+
+
+PARAMETERS_FILE = "parameters.json"
+
+
+def write_parameters_file(folder: Path, paper: Paper, scale: str, params: dict, defaults: dict,
+                          overrides: dict, device: str | None) -> Path:
+    """parameters.json beside a run's executed notebook: what it ran with and the command that runs it again."""
+    given = [f"-p {n} {_yaml_text(v)}" for n, v in overrides.items()]
+    command = " ".join(["fedlab-nb run", paper.id, "--scale", scale, *given, *(["--device", device] if device else [])])
+    effective = {n: _literal(v) for n, v in defaults.items()}
+    effective.update(params)
+    data = {"paper": paper.id, "scale": scale, "notebook": paper.notebook, "command": command,
+            "given": overrides, "scale_parameters": dict(paper.scales[scale]["parameters"]),
+            "parameters": params, "effective": effective}
+    path = refuse_link(folder / PARAMETERS_FILE)
+    write_json_atomic(path, json.loads(json.dumps(data, default=str)))
+    return path
+
+
+def _yaml_text(value) -> str:
+    """A value as `-p NAME VALUE` reads it back (YAML): strings quoted only where YAML would change them."""
+    import shlex
+    text = json.dumps(value, default=str)
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./-]*", value) and \
+            value.lower() not in ("true", "false", "null", "yes", "no", "on", "off", "nan", "inf"):
+        text = value
+    return shlex.quote(text)
 
 
 def _execute(paper: Paper, scale: str, params: dict, out_dir: Path, progress: bool = False) -> dict:
@@ -206,9 +317,11 @@ def _execute(paper: Paper, scale: str, params: dict, out_dir: Path, progress: bo
                          "PYTHONPATH": pythonpath}), _quiet_papermill(), tempfile.TemporaryDirectory(
                              prefix="fedlab_nb_kernel_") as sockets:
         try:
+            lines = progress == "lines"
             papermill.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=KERNEL,
-                                       cwd=str(notebook.parent), progress_bar=progress, log_output=False,
-                                       kernel_manager_class=_ipc_kernel_manager(sockets, kernel_log))
+                                       cwd=str(notebook.parent), progress_bar=bool(progress) and not lines,
+                                       log_output=False, kernel_manager_class=_ipc_kernel_manager(sockets, kernel_log),
+                                       **({"engine_name": _line_engine(paper.id)} if lines else {}))
         except papermill.PapermillExecutionError as e:
             error = {"cell": e.cell_index, "execution_count": e.exec_count, "ename": e.ename,
                      "evalue": str(e.evalue)}
@@ -218,6 +331,32 @@ def _execute(paper: Paper, scale: str, params: dict, out_dir: Path, progress: bo
     metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
     return {"notebook": str(executed), "run_dir": str(run_dir), "parameters": params, "metrics": metrics,
             "error": error, "wall_seconds": round(time.perf_counter() - start, 2)}
+
+
+LINE_ENGINE = "fedlab_nb_lines"
+
+
+def _line_engine(label: str, stream=None) -> str:
+    """papermill's nbclient engine printing `<label>: cell k of n (elapsed s)` as each code cell starts: the
+    progress of a run whose stderr is not a terminal (a log file, CI), where a bar would be noise."""
+    from papermill.engines import NBClientEngine, papermill_engines
+
+    class LineEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, **kwargs):
+            code = [i for i, c in enumerate(nb_man.nb.cells) if c.cell_type == "code"]
+            start, cell_start = time.perf_counter(), nb_man.cell_start
+
+            def announce(cell, cell_index=None, **kw):
+                if cell_index in code:
+                    print(f"{label}: cell {code.index(cell_index) + 1} of {len(code)} "
+                          f"({time.perf_counter() - start:.0f} s elapsed)", file=stream or sys.stderr, flush=True)
+                return cell_start(cell, cell_index, **kw)
+            nb_man.cell_start = announce
+            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+
+    papermill_engines.register(LINE_ENGINE, LineEngine)
+    return LINE_ENGINE
 
 
 def _ipc_kernel_manager(folder: str, log: Path | None = None):
