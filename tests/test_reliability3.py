@@ -357,3 +357,75 @@ def test_lab_passes_options_and_allow_root_when_root(tmp_path, capsys, monkeypat
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert main(cli_args(tmp_path, root) + ["lab", "--dry-run"]) == 0
     assert "--allow-root" not in capsys.readouterr().out
+
+
+# (9) secure aggregation: every message from a client is checked, a bad one aborts naming the sender ---------
+def secagg_party(n=3, m=4, users=None):
+    from fedlab_nb.methods.privacy import secure_aggregation as S
+    params = S.SecAggParams(2, m, 16)
+    clients = {u: S.SecAggClient(u, np.arange(m, dtype=np.uint64) + u, params, np.random.default_rng(u))
+               for u in range(n)}
+    return S, clients, S.SecAggServer(params, range(n) if users is None else users)
+
+
+def secagg_to_masked(S, clients, server):
+    roster = server.collect_keys({u: c.advertise_keys() for u, c in clients.items()})
+    inbox = server.collect_shares({u: c.share_keys(roster) for u, c in clients.items()})
+    return {u: c.masked_input(inbox[u]) for u, c in clients.items()}
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda y: {**y, 1: y[1][:2]}, r"client 1 has 2 bytes, expected 8"),        # was broadcast: a wrong sum
+    (lambda y: {**y, 1: y[1] + y[1]}, r"client 1 has 16 bytes, expected 8"),
+    (lambda y: {**y, 1: np.frombuffer(y[1], np.uint16)}, r"client 1 is a ndarray, not bytes"),
+    (lambda y: {**y, 7: y[1]}, r"client 7 comes from a user that is not in this round"),
+    (lambda y: {**y, "1": y.pop(1)}, r"client '1' comes from a user"),
+])
+def test_secagg_server_refuses_a_malformed_masked_input(edit, match):
+    S, clients, server = secagg_party()
+    y = secagg_to_masked(S, clients, server)
+    with pytest.raises(S.SecAggAbort, match=match):
+        server.collect_masked(edit(dict(y)))
+
+
+def test_secagg_refuses_bad_public_keys_and_unsampled_senders():
+    S, clients, server = secagg_party(users=[0, 1])
+    keys = {u: c.advertise_keys() for u, c in clients.items()}
+    with pytest.raises(S.SecAggAbort, match=r"client 2 comes from a user that is not in this round.*\[0, 1\]"):
+        server.collect_keys(keys)
+    with pytest.raises(S.SecAggAbort, match=r"client 1 has 63 bytes, expected 64"):
+        server.collect_keys({0: keys[0], 1: keys[1][1:]})
+    roster = b"".join(u.to_bytes(4, "little") + keys[u] for u in (0, 1))
+    with pytest.raises(S.SecAggAbort, match=r"client 0: the message from the server \(the roster\) has 135 bytes"):
+        clients[0].share_keys(roster[:-1])                                    # a 31-byte key sent to an honest client
+    zero = roster[:4 + 64] + (1).to_bytes(4, "little") + bytes(32) + keys[1][32:]  # a low-order X25519 point
+    with pytest.raises(S.SecAggAbort, match=r"client 0: the message from user 1 carries a public key X25519 refuses"):
+        clients[0].share_keys(zero)
+
+
+def test_secagg_server_refuses_misaddressed_shares_and_unmasking_records():
+    S, clients, server = secagg_party()
+    roster = server.collect_keys({u: c.advertise_keys() for u, c in clients.items()})
+    shares = {u: c.share_keys(roster) for u, c in clients.items()}
+    with pytest.raises(S.SecAggAbort, match=r"client 2 addresses shares to \[0\], not once to each other user"):
+        server.collect_shares({**shares, 2: shares[2][:len(shares[2]) // 2]})
+    inbox = server.collect_shares(shares)
+    server.collect_masked({u: c.masked_input(inbox[u]) for u, c in clients.items()})
+    survivors = b"".join(u.to_bytes(4, "little") for u in range(3))
+    replies = {u: c.unmask(survivors) for u, c in clients.items()}
+    s_share = (0).to_bytes(4, "little") + bytes([1]) + bytes(32)              # asks for a survivor's s^SK
+    for bad, match in [(replies[1][:-3], "client 1 ends in a torn record"),
+                       (replies[1] + s_share, "client 1 holds a share of kind 1 for user 0"),
+                       (replies[1][:21], r"client 1 holds shares for \[1\], not once for each user")]:
+        with pytest.raises(S.SecAggAbort, match=match):
+            server.unmask({**replies, 1: bad})
+    np.testing.assert_array_equal(server.unmask(replies), (np.arange(4) * 3 + 3) & 0xFFFF)
+
+
+def test_secagg_client_input_is_checked():
+    S, _, _ = secagg_party()
+    params = S.SecAggParams(2, 4, 16)
+    for x, match in [(np.zeros(3, np.uint64), "length m=4"), (np.zeros(4), "integer vector"),
+                     (np.full(4, 2 ** 16, np.uint64), r"\[0, 2\^16\)")]:
+        with pytest.raises(ValueError, match=match):
+            S.SecAggClient(0, x, params)
