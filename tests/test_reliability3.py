@@ -429,3 +429,72 @@ def test_secagg_client_input_is_checked():
                      (np.full(4, 2 ** 16, np.uint64), r"\[0, 2\^16\)")]:
         with pytest.raises(ValueError, match=match):
             S.SecAggClient(0, x, params)
+
+
+# (10) Flower: every reply is checked against the node that sent it and the round's sample ---------------------
+def flower_strategy(fed, on_nonfinite="raise"):
+    pytest.importorskip("flwr")
+    from fedlab_nb.flower import MethodStrategy, _setup
+    s = MethodStrategy(_setup("fedavg", fed, "logreg", rounds=1, clients_per_round=3, on_nonfinite=on_nonfinite))
+    s.nodes, s.sampled, s._t0 = {k: 100 + k for k in range(fed.num_clients)}, np.array([0, 1, 2]), 0.0
+    s.down, s.theta_bytes = {"theta": s.theta}, 0
+    return s
+
+
+def flower_reply(s, k, node=None, delta=None, **metrics):
+    from types import SimpleNamespace
+    from flwr.app import Array
+    delta = np.full(s.theta.numel(), 0.01, np.float32) if delta is None else delta
+    metrics = {"client-id": k, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 400, **metrics}
+    entries = delta if isinstance(delta, dict) else {"delta": delta}
+    return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k if node is None else node),
+                           content={"metrics": metrics, "message": {n: Array(a) for n, a in entries.items()}})
+
+
+def flower_bad(s, which):
+    d = s.theta.numel()
+    return {"other": flower_reply(s, 1, node=100), "unsampled": flower_reply(s, 3, node=103),
+            "float id": flower_reply(s, 0, **{"client-id": 0.0}), "short": flower_reply(s, 1, delta=np.zeros(d - 1, np.float32)),
+            "float64": flower_reply(s, 1, delta=np.zeros(d, np.float64)),
+            "extra": flower_reply(s, 1, delta={"delta": np.zeros(d, np.float32), "x": np.zeros(1, np.float32)}),
+            "metric": flower_reply(s, 1, **{"num-examples": "10"})}[which]
+
+
+@pytest.mark.parametrize("which, match", [
+    ("other", r"node 100 \(client 0\) claims client id 1"), ("unsampled", r"node 103 \(client 3\) comes from a client not sampled this round \(sampled: \[0, 1, 2\]\)"),
+    ("float id", r"claims client id 0.0"), ("short", r"client 1 has entries"), ("extra", r"client 1 has entries"),
+    ("float64", r"client 0 has entries .*float32"), ("metric", r"client 1 has metrics")])
+def test_flower_refuses_a_reply_for_another_client_or_of_the_wrong_form(fed10, which, match):
+    s = flower_strategy(fed10)
+    bad = flower_bad(s, which)
+    replies = [flower_reply(s, k) for k in (0, 1, 2) if k != bad.content["metrics"]["client-id"]] + [bad]
+    if which == "float64":
+        replies = [flower_reply(s, k, delta=np.zeros(s.theta.numel(), np.float64)) for k in (0, 1, 2)]
+    with pytest.raises(ValueError, match=match):
+        s.aggregate_train(1, replies)
+
+
+def test_flower_honours_on_nonfinite(fed10):
+    from fedlab_nb.engine.server import NonFiniteUpdateError
+    nan = np.full(flower_strategy(fed10).theta.numel(), np.nan, np.float32)
+    with pytest.raises(NonFiniteUpdateError):
+        s = flower_strategy(fed10)
+        s.aggregate_train(1, [flower_reply(s, 0, delta=nan), flower_reply(s, 1)])
+    s = flower_strategy(fed10, "drop")
+    before = s.theta.clone()
+    s.aggregate_train(1, [flower_reply(s, 0, delta=nan), flower_reply(s, 1)])
+    assert torch.allclose((s.theta - before).abs(), torch.tensor(0.01)) and s.rows[-1]["train_loss"] == pytest.approx(0.5)
+    from fedlab_nb.flower import to_flower
+    to_flower("fedavg", fed10, "logreg", on_nonfinite="drop")
+    with pytest.raises(ValueError, match="on_nonfinite must be 'raise' or 'drop'"):
+        to_flower("fedavg", fed10, "logreg", on_nonfinite="skip")
+
+
+@pytest.mark.parametrize("pid", ["abc", 1.9, 1.0, True, -1, 10, None])
+def test_flower_partition_id_must_be_an_integer_client_id(pid):
+    pytest.importorskip("flwr")
+    from types import SimpleNamespace
+    from fedlab_nb.flower import _client_id
+    with pytest.raises(ValueError, match=r"partition-id=.*must be an integer client id in 0..9"):
+        _client_id(SimpleNamespace(node_config={"partition-id": pid}), 10)
+    assert _client_id(SimpleNamespace(node_config={"partition-id": "3"}), 10) == 3
