@@ -45,7 +45,7 @@ from .engine.evaluate import Evaluator
 from .engine.history import History
 from .engine.sampling import check_sampled, make_sampler
 from .engine.server import (RoundSetup, RunConfig, build_model, client_round, downlink, local_job, quiet_round,
-                            server_update, uplink)
+                            server_update, uplink, warn_dropped_rounds)
 from .engine.store import ClientStore
 from .methods import Method, RoundInfo, get_method
 from .models import flatten_params, param_spec
@@ -263,6 +263,7 @@ class MethodStrategy(Strategy):
         meta = {"method": self.s.method.name, "dataset": self.s.fed.dataset.name, "partition": self.s.fed.partition.name,
                 "clients": self.s.num_clients, **{k: v for k, v in asdict(cfg).items() if k != "extra"},
                 "device": str(self.theta.device), "runtime": runtime, "seconds": float(sum(self.round_seconds))}
+        warn_dropped_rounds(self.rows, cfg)
         hist = History.from_rows(self.rows, meta)
         hist.theta, hist.model = self.theta, self.s.model
         return hist

@@ -52,7 +52,8 @@ def test_dp_fedavg_releases_noise_in_rounds_without_clients(fed10, adaptive):
 def test_dp_fedavg_round_with_every_update_dropped_is_noised(fed10):
     method = dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=1.0)
     nan = lambda updates, byz, generator=None: updates + float("nan")
-    h = fl.simulate(method, fed10, rounds=2, seed=0, attack=nan, byzantine=range(10), on_nonfinite="drop", **KW)
+    with pytest.warns(UserWarning, match="every round"):
+        h = fl.simulate(method, fed10, rounds=2, seed=0, attack=nan, byzantine=range(10), on_nonfinite="drop", **KW)
     assert not torch.equal(h.theta, theta0(fed10)) and h["train_loss"].isna().all()
     assert np.isfinite(h["epsilon"]).all()
 
@@ -498,3 +499,15 @@ def test_flower_partition_id_must_be_an_integer_client_id(pid):
     with pytest.raises(ValueError, match=r"partition-id=.*must be an integer client id in 0..9"):
         _client_id(SimpleNamespace(node_config={"partition-id": pid}), 10)
     assert _client_id(SimpleNamespace(node_config={"partition-id": "3"}), 10) == 3
+
+
+# (11) on_nonfinite="drop" that drops every update warns naming the rounds ------------------------------------
+def test_dropping_every_update_warns_naming_the_rounds(fed10):
+    nan = lambda updates, byz, generator=None: updates + float("nan")
+    with pytest.warns(UserWarning, match=r"dropped every client's update \(NaN/inf\) in every round: round\(s\) \[1, 2\]"):
+        h = fl.simulate("fedavg", fed10, rounds=2, seed=0, attack=nan, byzantine=range(10), on_nonfinite="drop", **KW)
+    assert h["train_loss"].isna().all()
+    half = lambda updates, byz, generator=None: updates + float("nan") * byz[:, None].to(updates)
+    with pytest.warns(UserWarning, match=r"in 1 of 2 rounds: round\(s\) \[2\]"):
+        fl.simulate("fedavg", fed10, rounds=2, seed=0, clients_per_round=lambda r, K, g: np.array([0, 1]) + 2 * r,
+                    attack=half, byzantine=[2, 3], on_nonfinite="drop", **KW)
