@@ -511,3 +511,48 @@ def test_dropping_every_update_warns_naming_the_rounds(fed10):
     with pytest.warns(UserWarning, match=r"in 1 of 2 rounds: round\(s\) \[2\]"):
         fl.simulate("fedavg", fed10, rounds=2, seed=0, clients_per_round=lambda r, K, g: np.array([0, 1]) + 2 * r,
                     attack=half, byzantine=[2, 3], on_nonfinite="drop", **KW)
+
+
+# (12) CLI: one-line errors for a bad History sidecar, a long paper id, a results path that is a file or read-only
+@pytest.mark.parametrize("sidecar, match", [("{bad", r"h\.json is not valid UTF-8 JSON"), ("[1, 2]", r"h\.json holds a JSON list"),
+                                            (b"\xff\xfe", r"h\.json is not valid UTF-8"), ("[" * 100_000, "not valid")])
+def test_history_with_a_malformed_sidecar_is_one_line_naming_it(tmp_path, capsys, sidecar, match):
+    from fedlab_nb.cli import main
+    (tmp_path / "h.csv").write_text("round,train_loss\n1,0.5\n")
+    (tmp_path / "h.json").write_bytes(sidecar if isinstance(sidecar, bytes) else sidecar.encode())
+    assert main(["history", str(tmp_path / "h.csv")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and len(err) < 400 and "delete it" in err
+    assert __import__("re").search(match, err)
+
+
+def test_a_very_long_paper_id_gives_a_short_error(tmp_path, capsys):
+    from fedlab_nb.cli import main
+    root = cli_root(tmp_path)
+    for cmd in (["run"], ["reproduce"], ["figures", "check"]):
+        assert main(cli_args(tmp_path, root) + cmd + ["a" * 5000]) == 2
+        err = capsys.readouterr().err
+        assert "too long (at most 64 characters)" in err and len(err) < 300
+
+
+def test_results_path_that_is_a_file_or_read_only_names_it_and_the_fix(tmp_path, capsys, monkeypatch):
+    import os
+    from fedlab_nb.cli import main
+    root, file = cli_root(tmp_path), tmp_path / "file"
+    file.write_text("x")
+    for cmd in (["list"], ["report"], ["run", "tiny"], ["reproduce", "tiny"], ["lab", "--dry-run"]):
+        assert main(["--root", str(root), "--results", str(file)] + cmd) == 2
+        err = capsys.readouterr().err
+        assert f"the results folder {file} is a file, not a folder: give --results" in err and len(err.splitlines()) == 1
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anyway: make the folder refuse writes as a read-only mount does
+        import tempfile
+        monkeypatch.setattr(tempfile, "TemporaryFile", lambda **kw: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    for cmd in (["report"], ["run", "tiny"], ["reproduce", "tiny"]):
+        assert main(["--root", str(root), "--results", str(ro)] + cmd) == 1
+        err = capsys.readouterr().err
+        assert f"cannot write into the results folder {ro} (Permission denied): make it writable (chmod u+w {ro})" in err
+        assert len(err.splitlines()) == 1
+    assert not list(ro.iterdir())
