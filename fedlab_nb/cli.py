@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from fedlab_nb.repro import claims as C
+from fedlab_nb.repro.files import writable_folder
 from fedlab_nb.repro.results import StaleResultWarning, printable, read_result, result_files
 from fedlab_nb.repro.verdicts import summary_text
 
@@ -118,9 +119,14 @@ def _root(args) -> Path:
     return (Path(args.root) if args.root else C.default_root()).absolute()
 
 
-def _results(args, root: Path) -> Path:
-    """The results folder, absolute (a relative --results or $FEDLAB_NB_RESULTS is the caller's)."""
-    return Path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results").absolute()
+def _results(args, root: Path, write: bool = False) -> Path:
+    """The results folder, absolute (a relative --results or $FEDLAB_NB_RESULTS is the caller's); refused when
+    it is a file, and with `write` created and checked writable, each with a one-line error naming the fix."""
+    path = Path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results").absolute()
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"the results folder {path} is a file, not a folder: give --results (or $FEDLAB_NB_RESULTS) "
+                         "a folder, or move the file away")
+    return writable_folder(path) if write else path
 
 
 def _registry() -> dict:
@@ -265,7 +271,7 @@ def cmd_run(args) -> int:
     root = _root(args)
     params = _parse_parameters(args.parameter)
     watching = sys.stderr.isatty()  # a bar when someone is watching, else a plain line per cell (logs, CI)
-    out = run_notebook(args.paper, args.scale, params, args.device, _results(args, root), root,
+    out = run_notebook(args.paper, args.scale, params, args.device, _results(args, root, write=True), root,
                        progress=True if watching else "lines")
     if out["error"]:  # the error first; then where to read the traceback, only if that notebook exists
         e = out["error"]
@@ -333,7 +339,7 @@ def cmd_reproduce(args) -> int:
     jobs = args.jobs if args.jobs is not None else min(len(ids), len(os.sched_getaffinity(0)))
     if jobs < 1:
         raise UsageError(f"-j/--jobs must be >= 1 (notebooks run at once), got {args.jobs}")
-    opts = {"scale": args.scale, "force": args.force, "device": args.device, "out_dir": str(_results(args, root)),
+    opts = {"scale": args.scale, "force": args.force, "device": args.device, "out_dir": str(_results(args, root, write=True)),
             "root": str(root), "all": args.all, "progress": jobs == 1 and args.scale != "smoke"}
     status, failed, t0 = 0, [], time.perf_counter()
     if jobs == 1:
@@ -411,7 +417,7 @@ def _warning_lines(caught) -> list:
 def cmd_report(args) -> int:
     from fedlab_nb.repro.report import build_report, load_results, summary_lines
     root = _root(args)
-    results = _results(args, root)
+    results = _results(args, root, write=True)
     build_report(results, root)
     print("\n".join(map(printable, summary_lines(load_results(results, root)))))
     print(f"wrote {results / 'REPORT.md'} and {results / 'index.html'} (open it in a browser)")
@@ -424,7 +430,7 @@ def cmd_lab(args) -> int:
     import shutil
     from fedlab_nb.repro.files import make_folder, refuse_link
     root = _root(args)
-    target = make_folder(_results(args, root) / "lab")
+    target = make_folder(_results(args, root, write=True) / "lab")
     copied = 0
     for nb in sorted((root / "notebooks").glob("*.ipynb")):
         dest = refuse_link(target / nb.name)  # a link there would make the copy overwrite its target

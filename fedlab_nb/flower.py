@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
@@ -44,7 +45,7 @@ from .engine.evaluate import Evaluator
 from .engine.history import History
 from .engine.sampling import check_sampled, make_sampler
 from .engine.server import (RoundSetup, RunConfig, build_model, client_round, downlink, local_job, quiet_round,
-                            server_update, uplink)
+                            server_update, uplink, warn_dropped_rounds)
 from .engine.store import ClientStore
 from .methods import Method, RoundInfo, get_method
 from .models import flatten_params, param_spec
@@ -94,12 +95,12 @@ def _check_method(method) -> Method:
 
 
 def _setup(method, fed, model="mlp", *, rounds=20, clients_per_round=10, local_epochs=1, local_steps=None,
-           batch_size=32, lr=0.05, seed=0, eval_every=1, model_kwargs=None) -> _Setup:
+           batch_size=32, lr=0.05, seed=0, eval_every=1, model_kwargs=None, on_nonfinite="raise") -> _Setup:
     method = _check_method(method)
     if not isinstance(fed, FederatedDataset):
         raise TypeError(f"fed must be a FederatedDataset (fedlab_nb.federate(...)), got {type(fed).__name__}")
     cfg = RunConfig(rounds, None if callable(clients_per_round) else clients_per_round, local_epochs, local_steps,
-                    batch_size, lr, seed, eval_every)
+                    batch_size, lr, seed, eval_every, on_nonfinite=on_nonfinite)
     cfg.validate()
     model = build_model(model, fed, seed, model_kwargs)  # the same θ₀ as simulate(..., seed=seed)
     theta0 = flatten_params(model).to(fed.device)
@@ -109,6 +110,22 @@ def _setup(method, fed, model="mlp", *, rounds=20, clients_per_round=10, local_e
 
 
 # --- server side -------------------------------------------------------------------------------------
+_METRICS = ("client-id", "num-examples", "steps", "train-loss", "bytes-up")   # what every training reply carries
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _spec(entries: dict) -> tuple:
+    return tuple(sorted((n, a.dtype.str, a.shape) for n, a in entries.items()))
+
+
+def _refuse(r: int, who: str, what: str) -> ValueError:
+    return ValueError(f"round {r}: the reply from {who} {what}; its reply is refused (fix or stop that SuperNode: "
+                      "every client runs the same fedlab_nb version and method)")
+
+
 class MethodStrategy(Strategy):
     """A Flower `Strategy` whose sampling, weighting, rule, normalisation and server optimiser are those of
     a fedlab_nb `Method`; evaluation is the engine's, on the server; `history()` returns our `History`."""
@@ -163,14 +180,13 @@ class MethodStrategy(Strategy):
         replies = list(replies)
         for bad in (m for m in replies if m.has_error()):
             log.warning("node %s failed this round: %s", bad.metadata.src_node_id, bad.error.reason)
-        good = sorted((m for m in replies if not m.has_error()), key=lambda m: int(m.content["metrics"]["client-id"]))
+        good = self._checked(server_round, [m for m in replies if not m.has_error()])
         row = {"round": server_round, "n_sampled": len(self.sampled), "train_loss": float("nan")}
         if good:
-            dev, metrics = self.theta.device, [m.content["metrics"] for m in good]
-            ids = np.array([int(m["client-id"]) for m in metrics])
-            names = list(good[0].content["message"].keys())
-            msgs = Messages({n: torch.stack([_to_tensor(m.content["message"][n], dev) for m in good]) for n in names},
-                            ids, torch.tensor([int(m["bytes-up"]) for m in metrics]))
+            dev, metrics = self.theta.device, [m for _, m, _ in good]
+            ids = np.array([k for k, _, _ in good])
+            msgs = Messages({n: torch.stack([torch.from_numpy(e[n].copy()).to(dev) for _, _, e in good])
+                             for n in good[0][2]}, ids, torch.tensor([int(m["bytes-up"]) for m in metrics]))
             info = RoundInfo(server_round - 1, ids, torch.tensor([float(m["num-examples"]) for m in metrics], device=dev),
                              torch.tensor([float(m["steps"]) for m in metrics], device=dev), self.s.num_clients,
                              self.s.cfg.lr, self.theta, msgs, self.s.cfg.seed)
@@ -187,6 +203,43 @@ class MethodStrategy(Strategy):
             row.update(out)
         self.rows.append(row)
         return ArrayRecord({"theta": _to_array(self.theta)}), MetricRecord({"train_loss": row["train_loss"]})
+
+    def _checked(self, server_round: int, replies: list) -> list[tuple[int, dict, dict]]:
+        """(client id, metrics, message entries as arrays) of each reply, sorted by id: each id is the one its
+        node holds and was sampled this round, once; metrics are numbers; entries have one spec (names, dtypes,
+        shapes: the replies' most common one) with θ's float dtype. Anything else raises naming the client."""
+        out = sorted((self._reply(server_round, m) for m in replies), key=lambda t: t[0])
+        if len({k for k, _, _ in out}) != len(out):
+            raise _refuse(server_round, "several nodes", f"claims client ids {[k for k, _, _ in out]} (a repeat)")
+        if not out:
+            return out
+        ref = Counter(_spec(e) for _, _, e in out).most_common(1)[0][0]
+        for k, _, e in out:
+            if _spec(e) != ref:
+                raise _refuse(server_round, f"client {k}", f"has entries {_spec(e)}, the others {ref}")
+        want, key = str(self.theta.dtype).removeprefix("torch."), self.s.method.aggregate_key
+        bad = [n for n, a in out[0][2].items() if a.dtype.kind == "f" and a.dtype != np.dtype(want)]
+        if bad or key not in out[0][2]:
+            raise _refuse(server_round, f"client {out[0][0]}", f"has entries {ref}: it must carry {key!r} and float "
+                          f"entries of θ's dtype {want}")
+        return out
+
+    def _reply(self, r: int, m) -> tuple[int, dict, dict]:
+        node, owner = m.metadata.src_node_id, {n: k for k, n in self.nodes.items()}
+        who = f"node {node} (client {owner.get(node)})"
+        if not all(part in m.content for part in ("metrics", "message")):
+            raise _refuse(r, who, "lacks its 'metrics' or 'message' record")
+        metrics = dict(m.content["metrics"])
+        k = metrics.get("client-id")
+        if not _is_int(k) or k != owner.get(node):
+            raise _refuse(r, who, f"claims client id {k!r}, not the partition-id its node holds")
+        if int(k) not in set(self.sampled.tolist()):
+            raise _refuse(r, who, f"comes from a client not sampled this round (sampled: {sorted(self.sampled.tolist())})")
+        bad = [n for n in _METRICS if isinstance(metrics.get(n), bool) or not isinstance(metrics.get(n), (int, float))]
+        if bad or set(metrics) - set(_METRICS):
+            raise _refuse(r, f"client {k}", f"has metrics {sorted(metrics)}: it must carry numbers {list(_METRICS)}")
+        entries = {n: np.asarray(a.numpy()) for n, a in m.content["message"].items()}
+        return int(k), metrics, entries
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         return []  # evaluation runs on the server, as in the in-process engine
@@ -210,6 +263,7 @@ class MethodStrategy(Strategy):
         meta = {"method": self.s.method.name, "dataset": self.s.fed.dataset.name, "partition": self.s.fed.partition.name,
                 "clients": self.s.num_clients, **{k: v for k, v in asdict(cfg).items() if k != "extra"},
                 "device": str(self.theta.device), "runtime": runtime, "seconds": float(sum(self.round_seconds))}
+        warn_dropped_rounds(self.rows, cfg)
         hist = History.from_rows(self.rows, meta)
         hist.theta, hist.model = self.theta, self.s.model
         return hist
@@ -236,8 +290,10 @@ def _server_app(setup: _Setup, sink: Callable[[History], None], timeout: float) 
 # --- client side -------------------------------------------------------------------------------------
 def _client_id(context: Context, num_clients: int) -> int:
     k = context.node_config.get("partition-id")
-    if k is None or not 0 <= int(k) < num_clients:
-        raise ValueError(f"this SuperNode's node config partition-id={k!r}; it must be a client id in "
+    if isinstance(k, str) and k.strip().isdigit():
+        k = int(k)
+    if not _is_int(k) or not 0 <= k < num_clients:
+        raise ValueError(f"this SuperNode's node config partition-id={k!r}; it must be an integer client id in "
                          f"0..{num_clients - 1}: --node-config 'partition-id=k num-partitions={num_clients}'")
     return int(k)
 
@@ -291,13 +347,14 @@ def _build(method, fed, model, timeout, **run):
 def to_flower(method: Method | str, fed: FederatedDataset, model: str | torch.nn.Module = "mlp", *, rounds: int = 20,
               clients_per_round=10, local_epochs: int = 1, local_steps: int | None = None, batch_size: int = 32,
               lr: float = 0.05, seed: int = 0, eval_every: int = 1, model_kwargs: dict | None = None,
-              timeout: float = 3600.0) -> tuple[ServerApp, ClientApp]:
+              timeout: float = 3600.0, on_nonfinite: str = "raise") -> tuple[ServerApp, ClientApp]:
     """(ServerApp, ClientApp) that run `method` on `fed` as `fedlab_nb.simulate` would with the same
     arguments. Client k is the SuperNode whose node config has partition-id=k (the simulation sets it).
-    The ServerApp honours the run config keys `num-server-rounds` and `history-out` (a CSV path)."""
+    The ServerApp honours the run config keys `num-server-rounds` and `history-out` (a CSV path).
+    `on_nonfinite`: "raise" (a NaN/inf reply stops the run) or "drop" (that round aggregates the others)."""
     server, client, _ = _build(method, fed, model, timeout, rounds=rounds, clients_per_round=clients_per_round,
                                local_epochs=local_epochs, local_steps=local_steps, batch_size=batch_size, lr=lr,
-                               seed=seed, eval_every=eval_every, model_kwargs=model_kwargs)
+                               seed=seed, eval_every=eval_every, model_kwargs=model_kwargs, on_nonfinite=on_nonfinite)
     return server, client
 
 
@@ -305,13 +362,14 @@ def run_on_flower(method: Method | str, fed: FederatedDataset, model: str | torc
                   rounds: int = 20, clients_per_round=10, local_epochs: int = 1, local_steps: int | None = None,
                   batch_size: int = 32, lr: float = 0.05, seed: int = 0, eval_every: int = 1,
                   model_kwargs: dict | None = None, backend_config: dict | None = None,
-                  verbose: bool = False) -> History:
+                  verbose: bool = False, on_nonfinite: str = "raise") -> History:
     """Run `method` in Flower's simulation runtime (Ray backend, one virtual SuperNode per client) and return
     our `History`. `meta["seconds"]` times the rounds; `meta["wall_seconds"]` adds Flower/Ray start-up."""
     from flwr.simulation import run_simulation
     server, client, box = _build(method, fed, model, 3600.0, rounds=rounds, clients_per_round=clients_per_round,
                                  local_epochs=local_epochs, local_steps=local_steps, batch_size=batch_size, lr=lr,
-                                 seed=seed, eval_every=eval_every, model_kwargs=model_kwargs)
+                                 seed=seed, eval_every=eval_every, model_kwargs=model_kwargs,
+                                 on_nonfinite=on_nonfinite)
     config = {"client_resources": {"num_cpus": 1}} if backend_config is None else dict(backend_config)
     if not verbose:
         config["init_args"] = {"logging_level": "ERROR", "log_to_driver": False, **config.get("init_args", {})}

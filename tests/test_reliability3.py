@@ -52,7 +52,8 @@ def test_dp_fedavg_releases_noise_in_rounds_without_clients(fed10, adaptive):
 def test_dp_fedavg_round_with_every_update_dropped_is_noised(fed10):
     method = dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=1.0)
     nan = lambda updates, byz, generator=None: updates + float("nan")
-    h = fl.simulate(method, fed10, rounds=2, seed=0, attack=nan, byzantine=range(10), on_nonfinite="drop", **KW)
+    with pytest.warns(UserWarning, match="every round"):
+        h = fl.simulate(method, fed10, rounds=2, seed=0, attack=nan, byzantine=range(10), on_nonfinite="drop", **KW)
     assert not torch.equal(h.theta, theta0(fed10)) and h["train_loss"].isna().all()
     assert np.isfinite(h["epsilon"]).all()
 
@@ -357,3 +358,201 @@ def test_lab_passes_options_and_allow_root_when_root(tmp_path, capsys, monkeypat
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert main(cli_args(tmp_path, root) + ["lab", "--dry-run"]) == 0
     assert "--allow-root" not in capsys.readouterr().out
+
+
+# (9) secure aggregation: every message from a client is checked, a bad one aborts naming the sender ---------
+def secagg_party(n=3, m=4, users=None):
+    from fedlab_nb.methods.privacy import secure_aggregation as S
+    params = S.SecAggParams(2, m, 16)
+    clients = {u: S.SecAggClient(u, np.arange(m, dtype=np.uint64) + u, params, np.random.default_rng(u))
+               for u in range(n)}
+    return S, clients, S.SecAggServer(params, range(n) if users is None else users)
+
+
+def secagg_to_masked(S, clients, server):
+    roster = server.collect_keys({u: c.advertise_keys() for u, c in clients.items()})
+    inbox = server.collect_shares({u: c.share_keys(roster) for u, c in clients.items()})
+    return {u: c.masked_input(inbox[u]) for u, c in clients.items()}
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda y: {**y, 1: y[1][:2]}, r"client 1 has 2 bytes, expected 8"),        # was broadcast: a wrong sum
+    (lambda y: {**y, 1: y[1] + y[1]}, r"client 1 has 16 bytes, expected 8"),
+    (lambda y: {**y, 1: np.frombuffer(y[1], np.uint16)}, r"client 1 is a ndarray, not bytes"),
+    (lambda y: {**y, 7: y[1]}, r"client 7 comes from a user that is not in this round"),
+    (lambda y: {**y, "1": y.pop(1)}, r"client '1' comes from a user"),
+])
+def test_secagg_server_refuses_a_malformed_masked_input(edit, match):
+    S, clients, server = secagg_party()
+    y = secagg_to_masked(S, clients, server)
+    with pytest.raises(S.SecAggAbort, match=match):
+        server.collect_masked(edit(dict(y)))
+
+
+def test_secagg_refuses_bad_public_keys_and_unsampled_senders():
+    S, clients, server = secagg_party(users=[0, 1])
+    keys = {u: c.advertise_keys() for u, c in clients.items()}
+    with pytest.raises(S.SecAggAbort, match=r"client 2 comes from a user that is not in this round.*\[0, 1\]"):
+        server.collect_keys(keys)
+    with pytest.raises(S.SecAggAbort, match=r"client 1 has 63 bytes, expected 64"):
+        server.collect_keys({0: keys[0], 1: keys[1][1:]})
+    roster = b"".join(u.to_bytes(4, "little") + keys[u] for u in (0, 1))
+    with pytest.raises(S.SecAggAbort, match=r"client 0: the message from the server \(the roster\) has 135 bytes"):
+        clients[0].share_keys(roster[:-1])                                    # a 31-byte key sent to an honest client
+    zero = roster[:4 + 64] + (1).to_bytes(4, "little") + bytes(32) + keys[1][32:]  # a low-order X25519 point
+    with pytest.raises(S.SecAggAbort, match=r"client 0: the message from user 1 carries a public key X25519 refuses"):
+        clients[0].share_keys(zero)
+
+
+def test_secagg_server_refuses_misaddressed_shares_and_unmasking_records():
+    S, clients, server = secagg_party()
+    roster = server.collect_keys({u: c.advertise_keys() for u, c in clients.items()})
+    shares = {u: c.share_keys(roster) for u, c in clients.items()}
+    with pytest.raises(S.SecAggAbort, match=r"client 2 addresses shares to \[0\], not once to each other user"):
+        server.collect_shares({**shares, 2: shares[2][:len(shares[2]) // 2]})
+    inbox = server.collect_shares(shares)
+    server.collect_masked({u: c.masked_input(inbox[u]) for u, c in clients.items()})
+    survivors = b"".join(u.to_bytes(4, "little") for u in range(3))
+    replies = {u: c.unmask(survivors) for u, c in clients.items()}
+    s_share = (0).to_bytes(4, "little") + bytes([1]) + bytes(32)              # asks for a survivor's s^SK
+    for bad, match in [(replies[1][:-3], "client 1 ends in a torn record"),
+                       (replies[1] + s_share, "client 1 holds a share of kind 1 for user 0"),
+                       (replies[1][:21], r"client 1 holds shares for \[1\], not once for each user")]:
+        with pytest.raises(S.SecAggAbort, match=match):
+            server.unmask({**replies, 1: bad})
+    np.testing.assert_array_equal(server.unmask(replies), (np.arange(4) * 3 + 3) & 0xFFFF)
+
+
+def test_secagg_client_input_is_checked():
+    S, _, _ = secagg_party()
+    params = S.SecAggParams(2, 4, 16)
+    for x, match in [(np.zeros(3, np.uint64), "length m=4"), (np.zeros(4), "integer vector"),
+                     (np.full(4, 2 ** 16, np.uint64), r"\[0, 2\^16\)")]:
+        with pytest.raises(ValueError, match=match):
+            S.SecAggClient(0, x, params)
+
+
+# (10) Flower: every reply is checked against the node that sent it and the round's sample ---------------------
+def flower_strategy(fed, on_nonfinite="raise"):
+    pytest.importorskip("flwr")
+    from fedlab_nb.flower import MethodStrategy, _setup
+    s = MethodStrategy(_setup("fedavg", fed, "logreg", rounds=1, clients_per_round=3, on_nonfinite=on_nonfinite))
+    s.nodes, s.sampled, s._t0 = {k: 100 + k for k in range(fed.num_clients)}, np.array([0, 1, 2]), 0.0
+    s.down, s.theta_bytes = {"theta": s.theta}, 0
+    return s
+
+
+def flower_reply(s, k, node=None, delta=None, **metrics):
+    from types import SimpleNamespace
+    from flwr.app import Array
+    delta = np.full(s.theta.numel(), 0.01, np.float32) if delta is None else delta
+    metrics = {"client-id": k, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 400, **metrics}
+    entries = delta if isinstance(delta, dict) else {"delta": delta}
+    return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k if node is None else node),
+                           content={"metrics": metrics, "message": {n: Array(a) for n, a in entries.items()}})
+
+
+def flower_bad(s, which):
+    d = s.theta.numel()
+    return {"other": flower_reply(s, 1, node=100), "unsampled": flower_reply(s, 3, node=103),
+            "float id": flower_reply(s, 0, **{"client-id": 0.0}), "short": flower_reply(s, 1, delta=np.zeros(d - 1, np.float32)),
+            "float64": flower_reply(s, 1, delta=np.zeros(d, np.float64)),
+            "extra": flower_reply(s, 1, delta={"delta": np.zeros(d, np.float32), "x": np.zeros(1, np.float32)}),
+            "metric": flower_reply(s, 1, **{"num-examples": "10"})}[which]
+
+
+@pytest.mark.parametrize("which, match", [
+    ("other", r"node 100 \(client 0\) claims client id 1"), ("unsampled", r"node 103 \(client 3\) comes from a client not sampled this round \(sampled: \[0, 1, 2\]\)"),
+    ("float id", r"claims client id 0.0"), ("short", r"client 1 has entries"), ("extra", r"client 1 has entries"),
+    ("float64", r"client 0 has entries .*float32"), ("metric", r"client 1 has metrics")])
+def test_flower_refuses_a_reply_for_another_client_or_of_the_wrong_form(fed10, which, match):
+    s = flower_strategy(fed10)
+    bad = flower_bad(s, which)
+    replies = [flower_reply(s, k) for k in (0, 1, 2) if k != bad.content["metrics"]["client-id"]] + [bad]
+    if which == "float64":
+        replies = [flower_reply(s, k, delta=np.zeros(s.theta.numel(), np.float64)) for k in (0, 1, 2)]
+    with pytest.raises(ValueError, match=match):
+        s.aggregate_train(1, replies)
+
+
+def test_flower_honours_on_nonfinite(fed10):
+    from fedlab_nb.engine.server import NonFiniteUpdateError
+    nan = np.full(flower_strategy(fed10).theta.numel(), np.nan, np.float32)
+    with pytest.raises(NonFiniteUpdateError):
+        s = flower_strategy(fed10)
+        s.aggregate_train(1, [flower_reply(s, 0, delta=nan), flower_reply(s, 1)])
+    s = flower_strategy(fed10, "drop")
+    before = s.theta.clone()
+    s.aggregate_train(1, [flower_reply(s, 0, delta=nan), flower_reply(s, 1)])
+    assert torch.allclose((s.theta - before).abs(), torch.tensor(0.01)) and s.rows[-1]["train_loss"] == pytest.approx(0.5)
+    from fedlab_nb.flower import to_flower
+    to_flower("fedavg", fed10, "logreg", on_nonfinite="drop")
+    with pytest.raises(ValueError, match="on_nonfinite must be 'raise' or 'drop'"):
+        to_flower("fedavg", fed10, "logreg", on_nonfinite="skip")
+
+
+@pytest.mark.parametrize("pid", ["abc", 1.9, 1.0, True, -1, 10, None])
+def test_flower_partition_id_must_be_an_integer_client_id(pid):
+    pytest.importorskip("flwr")
+    from types import SimpleNamespace
+    from fedlab_nb.flower import _client_id
+    with pytest.raises(ValueError, match=r"partition-id=.*must be an integer client id in 0..9"):
+        _client_id(SimpleNamespace(node_config={"partition-id": pid}), 10)
+    assert _client_id(SimpleNamespace(node_config={"partition-id": "3"}), 10) == 3
+
+
+# (11) on_nonfinite="drop" that drops every update warns naming the rounds ------------------------------------
+def test_dropping_every_update_warns_naming_the_rounds(fed10):
+    nan = lambda updates, byz, generator=None: updates + float("nan")
+    with pytest.warns(UserWarning, match=r"dropped every client's update \(NaN/inf\) in every round: round\(s\) \[1, 2\]"):
+        h = fl.simulate("fedavg", fed10, rounds=2, seed=0, attack=nan, byzantine=range(10), on_nonfinite="drop", **KW)
+    assert h["train_loss"].isna().all()
+    half = lambda updates, byz, generator=None: updates + float("nan") * byz[:, None].to(updates)
+    with pytest.warns(UserWarning, match=r"in 1 of 2 rounds: round\(s\) \[2\]"):
+        fl.simulate("fedavg", fed10, rounds=2, seed=0, clients_per_round=lambda r, K, g: np.array([0, 1]) + 2 * r,
+                    attack=half, byzantine=[2, 3], on_nonfinite="drop", **KW)
+
+
+# (12) CLI: one-line errors for a bad History sidecar, a long paper id, a results path that is a file or read-only
+@pytest.mark.parametrize("sidecar, match", [("{bad", r"h\.json is not valid UTF-8 JSON"), ("[1, 2]", r"h\.json holds a JSON list"),
+                                            (b"\xff\xfe", r"h\.json is not valid UTF-8"), ("[" * 100_000, "not valid")])
+def test_history_with_a_malformed_sidecar_is_one_line_naming_it(tmp_path, capsys, sidecar, match):
+    from fedlab_nb.cli import main
+    (tmp_path / "h.csv").write_text("round,train_loss\n1,0.5\n")
+    (tmp_path / "h.json").write_bytes(sidecar if isinstance(sidecar, bytes) else sidecar.encode())
+    assert main(["history", str(tmp_path / "h.csv")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and len(err) < 400 and "delete it" in err
+    assert __import__("re").search(match, err)
+
+
+def test_a_very_long_paper_id_gives_a_short_error(tmp_path, capsys):
+    from fedlab_nb.cli import main
+    root = cli_root(tmp_path)
+    for cmd in (["run"], ["reproduce"], ["figures", "check"]):
+        assert main(cli_args(tmp_path, root) + cmd + ["a" * 5000]) == 2
+        err = capsys.readouterr().err
+        assert "too long (at most 64 characters)" in err and len(err) < 300
+
+
+def test_results_path_that_is_a_file_or_read_only_names_it_and_the_fix(tmp_path, capsys, monkeypatch):
+    import os
+    from fedlab_nb.cli import main
+    root, file = cli_root(tmp_path), tmp_path / "file"
+    file.write_text("x")
+    for cmd in (["list"], ["report"], ["run", "tiny"], ["reproduce", "tiny"], ["lab", "--dry-run"]):
+        assert main(["--root", str(root), "--results", str(file)] + cmd) == 2
+        err = capsys.readouterr().err
+        assert f"the results folder {file} is a file, not a folder: give --results" in err and len(err.splitlines()) == 1
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anyway: make the folder refuse writes as a read-only mount does
+        import tempfile
+        monkeypatch.setattr(tempfile, "TemporaryFile", lambda **kw: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    for cmd in (["report"], ["run", "tiny"], ["reproduce", "tiny"]):
+        assert main(["--root", str(root), "--results", str(ro)] + cmd) == 1
+        err = capsys.readouterr().err
+        assert f"cannot write into the results folder {ro} (Permission denied): make it writable (chmod u+w {ro})" in err
+        assert len(err.splitlines()) == 1
+    assert not list(ro.iterdir())

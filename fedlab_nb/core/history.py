@@ -75,5 +75,22 @@ class History(pd.DataFrame):
         path = Path(path)
         h = cls(pd.read_csv(path))
         meta_file = path.with_suffix(".json")
-        h.meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+        h.meta = _read_meta(meta_file) if meta_file.exists() else {}
         return h
+
+
+MAX_META_BYTES = 16 << 20  # History.save writes a few kB of run settings
+
+
+def _read_meta(meta_file: Path) -> dict:
+    """The run settings History.save wrote beside the CSV: a JSON object, else a ValueError naming the file."""
+    fix = "delete it (the rows load without it) or write it again with History.save"
+    if meta_file.stat().st_size > MAX_META_BYTES:
+        raise ValueError(f"{meta_file} is over {MAX_META_BYTES >> 20} MB, not History metadata; {fix}")
+    try:
+        meta = json.loads(meta_file.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{meta_file} is not valid UTF-8 JSON ({str(e).splitlines()[0][:120]}); {fix}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_file} holds a JSON {type(meta).__name__}, not an object of run settings; {fix}")
+    return meta

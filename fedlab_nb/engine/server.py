@@ -7,7 +7,9 @@ The engine imports the contract layer (`fedlab_nb.core`), data and models — ne
 from __future__ import annotations
 
 import inspect
+import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -449,6 +451,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
         if "test_acc" in row:
             bar.set_postfix(acc=f"{row['test_acc']:.3f}")
     meta["seconds"] = time.perf_counter() - t0
+    warn_dropped_rounds(rows, cfg)
     hist = History.from_rows(rows, meta)
     hist.theta = theta  # final flat parameters, for notebooks that look inside the model
     hist.model = model
@@ -456,6 +459,19 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     hist.state = state  # the method's final server state (weighting, rule, server optimiser)
     hist.client_acc = getattr(evaluator, "last", None)  # per-client local-test accuracy at the last evaluation
     return hist
+
+
+def warn_dropped_rounds(rows: list[dict], cfg: RunConfig) -> None:
+    """With on_nonfinite="drop", warn naming the rounds in which every sampled client's update was dropped
+    (θ did not learn there and train_loss is NaN) instead of ending silently."""
+    empty = [row["round"] for row in rows if cfg.on_nonfinite == "drop" and row["n_sampled"] > 0
+             and isinstance(row.get("train_loss"), float) and math.isnan(row["train_loss"])]
+    if empty:
+        which = "every round" if len(empty) == len(rows) else f"{len(empty)} of {len(rows)} rounds"
+        warnings.warn(f"on_nonfinite='drop' dropped every client's update (NaN/inf) in {which}: round(s) "
+                      f"{empty[:20]}{' ...' if len(empty) > 20 else ''}; θ did not learn there and their train_loss "
+                      f"is NaN. Lower lr (now {cfg.lr}), check the data and the attack, or use "
+                      "on_nonfinite='raise' to stop at the first such update", UserWarning, stacklevel=3)
 
 
 def _client_defaults(method: Method, theta: torch.Tensor, groups, model) -> dict:

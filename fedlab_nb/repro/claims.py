@@ -135,10 +135,17 @@ def paper_ids(root: Path | None = None) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
+MAX_PAPER_ID = 64  # the longest papers/<id>.yaml is 30 characters; file systems refuse names over 255 bytes
+
+
 def check_paper_id(paper_id) -> str:
     """A paper id is an identifier (the name of papers/<id>.yaml): never a path, so it cannot leave papers/."""
+    shown = repr(paper_id) if len(repr(paper_id)) <= 80 else f"{repr(paper_id)[:60]}… ({len(repr(paper_id))} characters)"
+    if isinstance(paper_id, str) and len(paper_id) > MAX_PAPER_ID:
+        raise PaperIdError(f"paper id {shown} is too long (at most {MAX_PAPER_ID} characters); give the name of a "
+                           "papers/<id>.yaml file, e.g. 'gas'")
     if not isinstance(paper_id, str) or not _PAPER_ID.fullmatch(paper_id):
-        raise PaperIdError(f"paper id {paper_id!r} is not an identifier (letters, digits, _; not starting with a "
+        raise PaperIdError(f"paper id {shown} is not an identifier (letters, digits, _; not starting with a "
                            "digit); give the name of a papers/<id>.yaml file, e.g. 'gas', not a path")
     return paper_id
 

@@ -52,6 +52,21 @@ def make_folder(path) -> Path:
     return path
 
 
+def writable_folder(path) -> Path:
+    """`path`, when it exists checked writable by writing a temporary file into it (a missing one is made by
+    `make_folder` when the run writes, so a refused command leaves nothing behind)."""
+    path = refuse_link(path)
+    if not path.is_dir():
+        return path
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ReproError(f"cannot write into the results folder {path} ({e.strerror or e}): make it writable "
+                         f"(chmod u+w {path}) or give --results a writable folder") from None
+    return path
+
+
 # --------------------------------------------------------------------------------------------- the lock
 @contextlib.contextmanager
 def run_lock(results_dir, paper_id: str, scale: str):

@@ -62,7 +62,28 @@ B_SHARE, S_SHARE = 0, 1         # kinds of unmasking shares
 
 
 class SecAggAbort(ValueError):
-    """The protocol aborts: fewer than t users reached a round (too many dropouts)."""
+    """The protocol aborts: fewer than t users reached a round (too many dropouts), or a party sent a
+    malformed message (the error names the sender)."""
+
+
+_FIX = "the protocol aborts (drop that client from the round or fix its software)"
+
+
+def _abort(where: str, sender, what: str) -> SecAggAbort:
+    return SecAggAbort(f"{where}: the message from {sender} {what}; {_FIX}")
+
+
+def _records(where: str, sender, data, width: int) -> list:
+    """(id, `width` bytes) records of a wire message, refusing non-bytes, a torn record or a repeated id."""
+    if not isinstance(data, bytes):
+        raise _abort(where, sender, f"is a {type(data).__name__}, not bytes")
+    if len(data) % (_ID.size + width):
+        raise _abort(where, sender, f"has {len(data)} bytes, not a multiple of the {_ID.size + width}-byte record")
+    recs = list(_ids(data, width))
+    ids = [v for v, _ in recs]
+    if len(set(ids)) != len(ids):
+        raise _abort(where, sender, f"names users {sorted({v for v in ids if ids.count(v) > 1})} more than once")
+    return recs
 
 
 # --- fixed point ---------------------------------------------------------------------------------------
@@ -173,12 +194,19 @@ class SecAggClient:
     """One user u. Holds every secret of u: both private keys, b_u, the shares it made and received."""
 
     def __init__(self, uid: int, x: np.ndarray, params: SecAggParams, random: np.random.Generator | None = None):
-        self.uid, self.params, self.x = int(uid), params, np.asarray(x, dtype=np.uint64)
+        self.uid, self.params, self.x = int(uid), params, _client_input(x, params)
         self._random = random          # None: os.urandom (a deployment); a Generator: a reproducible simulation
         self.seconds = 0.0             # CPU time spent in this client's rounds
 
     def _bytes(self, n: int) -> bytes:
         return os.urandom(n) if self._random is None else self._random.bytes(n)
+
+    def _agree(self, private, v: int, which: int, info: bytes) -> bytes:
+        """KA.agree with user v's public key `which` (0: c^PK, 1: s^PK); a key X25519 refuses aborts."""
+        try:
+            return agree(private, self._keys[v][which], info)
+        except ValueError as e:
+            raise _abort(f"client {self.uid}", f"user {v}", f"carries a public key X25519 refuses ({e})") from None
 
     def advertise_keys(self) -> bytes:
         """Round 0: two fresh X25519 key pairs; send c_u^PK ‖ s_u^PK."""
@@ -188,8 +216,11 @@ class SecAggClient:
 
     def share_keys(self, roster: bytes) -> bytes:
         """Round 1: shares of s_u^SK and b_u for every user of U1, each encrypted for its holder."""
-        self._keys = {v: (k[:KEY_BYTES], k[KEY_BYTES:]) for v, k in _ids(roster, 2 * KEY_BYTES)}
+        recs = _records(f"client {self.uid}", "the server (the roster)", roster, 2 * KEY_BYTES)
+        self._keys = {v: (k[:KEY_BYTES], k[KEY_BYTES:]) for v, k in recs}
         t, users = self.params.threshold, sorted(self._keys)
+        if self.uid not in self._keys:
+            raise _abort(f"client {self.uid}", "the server (the roster)", f"does not list this client {self.uid}")
         if len(users) < t:
             raise SecAggAbort(f"client {self.uid}: roster has {len(users)} users, fewer than threshold t={t}")
         if len({k for pair in self._keys.values() for k in pair}) != 2 * len(users):
@@ -203,7 +234,7 @@ class SecAggClient:
         for v in users:
             if v == self.uid:
                 continue
-            i, key = self._index[v] - 1, agree(self._c_sk, self._keys[v][0], b"secagg share " + _pair(self.uid, v))
+            i, key = self._index[v] - 1, self._agree(self._c_sk, v, 0, b"secagg share " + _pair(self.uid, v))
             nonce = self._bytes(NONCE_BYTES)
             plain = _pair(self.uid, v) + s_shares[i] + b_shares[i]
             out.append(_ID.pack(v) + nonce + AESGCM(key).encrypt(nonce, plain, _pair(self.uid, v)))
@@ -211,7 +242,11 @@ class SecAggClient:
 
     def masked_input(self, inbox: bytes) -> bytes:
         """Round 2: y_u = x_u + PRG(b_u) + Σ_{v ∈ U2\\u} Δ_{u,v} PRG(s_{u,v}) mod R, as bytes."""
-        self._inbox = dict(_ids(inbox, NONCE_BYTES + _SHARE_CT))
+        self._inbox = dict(_records(f"client {self.uid}", "the server (the inbox)", inbox, NONCE_BYTES + _SHARE_CT))
+        strangers = set(self._inbox) - (set(self._keys) - {self.uid})
+        if strangers:
+            raise _abort(f"client {self.uid}", "the server (the inbox)", f"holds shares from users {sorted(strangers)} "
+                         "outside the roster (or from this client itself)")
         self._u2 = sorted({*self._inbox, self.uid})
         m, bits = self.params.length, self.params.bits
         if len(self._u2) < self.params.threshold:
@@ -219,13 +254,13 @@ class SecAggClient:
         y = self.x + prg(self._b, m, bits)
         for v in self._u2:
             if v != self.uid:
-                mask = prg(agree(self._s_sk, self._keys[v][1], b"secagg mask"), m, bits)
+                mask = prg(self._agree(self._s_sk, v, 1, b"secagg mask"), m, bits)
                 y = y + mask if self.uid > v else y - mask  # uint64 wraps mod 2^64, so mod 2^bits too
         return (y & modulus_mask(bits)).astype(wire_dtype(bits)).tobytes()
 
     def unmask(self, survivors: bytes) -> bytes:
         """Round 3: for each v ∈ U2 decrypt e_{v,u}; send b_{v,u} if v survived (U3), s^SK_{v,u} if it dropped."""
-        u3 = {v for v, _ in _ids(survivors, 0)}
+        u3 = {v for v, _ in _records(f"client {self.uid}", "the server (the survivors)", survivors, 0)}
         if len(u3) < self.params.threshold or not u3 <= set(self._u2):
             raise SecAggAbort(f"client {self.uid}: survivor list has {len(u3)} users (threshold "
                               f"t={self.params.threshold}) or names users outside U2")
@@ -240,7 +275,7 @@ class SecAggClient:
     def _open(self, v: int) -> tuple[bytes, bytes]:
         """Decrypt v's shares for u and check they are addressed v → u."""
         blob = self._inbox[v]
-        key = agree(self._c_sk, self._keys[v][0], b"secagg share " + _pair(v, self.uid))
+        key = self._agree(self._c_sk, v, 0, b"secagg share " + _pair(v, self.uid))
         try:
             plain = AESGCM(key).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], _pair(v, self.uid))
         except InvalidTag:
@@ -253,11 +288,23 @@ class SecAggClient:
 _SHARE_CT = 8 + KEY_BYTES + SEED_BYTES + 16     # ids ‖ s^SK share ‖ b share, plus the GCM tag
 
 
+def _client_input(x, params: SecAggParams) -> np.ndarray:
+    """x as uint64, checked: a 1-D integer vector of `params.length` elements of Z_(2^bits)."""
+    x = np.asarray(x)
+    if x.shape != (params.length,) or not np.issubdtype(x.dtype, np.integer):
+        raise ValueError(f"x must be a 1-D integer vector of length m={params.length} (elements of Z_(2^bits); use "
+                         f"FixedPoint.quantize for floats), got dtype {x.dtype}, shape {x.shape}")
+    if (x < 0).any() or (params.bits < 64 and (x.astype(np.uint64) >> np.uint64(params.bits)).any()):
+        raise ValueError(f"x must lie in [0, 2^{params.bits}); reduce it mod 2^{params.bits} first")
+    return x.astype(np.uint64)
+
+
 class SecAggServer:
     """The server: public keys, the ciphertexts it forwards, masked inputs, and the sum. No secret."""
 
-    def __init__(self, params: SecAggParams):
+    def __init__(self, params: SecAggParams, users=None):
         self.params = params
+        self.users = range(2 ** 32) if users is None else frozenset(int(u) for u in users)   # who may take part
         self.public_keys: dict[int, bytes] = {}          # u → c_u^PK ‖ s_u^PK
         self.ciphertexts: dict[tuple[int, int], bytes] = {}   # (from u, to v) → nonce ‖ AES-GCM ciphertext
         self.masked: dict[int, np.ndarray] = {}          # u → y_u
@@ -273,36 +320,59 @@ class SecAggServer:
                               f"protocol aborts (at most |U1| − t may drop out; lower t or lose fewer clients)")
         return users
 
+    def _checked(self, stage: str, msgs, allowed, size: int | None = None) -> dict[int, bytes]:
+        """msgs with int keys, each sender one of `allowed` (this round's users) and each message bytes
+        (of `size` bytes when given); anything else aborts naming the sender."""
+        if not isinstance(msgs, dict):
+            raise SecAggAbort(f"{stage}: messages must be a dict {{user id: bytes}}, got {type(msgs).__name__}")
+        out = {}
+        for u, msg in msgs.items():
+            if isinstance(u, bool) or not isinstance(u, (int, np.integer)) or int(u) not in allowed:
+                raise _abort(stage, f"client {u!r}", f"comes from a user that is not in this round ({_round(allowed)})")
+            if not isinstance(msg, bytes):
+                raise _abort(stage, f"client {u}", f"is a {type(msg).__name__}, not bytes")
+            if size is not None and len(msg) != size:
+                raise _abort(stage, f"client {u}", f"has {len(msg)} bytes, expected {size}")
+            out[int(u)] = msg
+        return out
+
     def collect_keys(self, msgs: dict[int, bytes]) -> bytes:
+        msgs = self._checked("AdvertiseKeys", msgs, self.users, 2 * KEY_BYTES)
         self.u1 = self._require("AdvertiseKeys", msgs)
         self.public_keys = {u: msgs[u] for u in self.u1}
         return b"".join(_ID.pack(u) + self.public_keys[u] for u in self.u1)
 
     def collect_shares(self, msgs: dict[int, bytes]) -> dict[int, bytes]:
         """Store each e_{u,v}; return each v ∈ U2 its inbox {e_{u,v} : u ∈ U2 \\ v}."""
+        msgs = self._checked("ShareKeys", msgs, set(self.u1))
         self.u2 = self._require("ShareKeys", msgs)
-        self.ciphertexts = {(u, v): blob for u in self.u2 for v, blob in _ids(msgs[u], NONCE_BYTES + _SHARE_CT)}
+        self.ciphertexts = {(u, v): blob for u in self.u2 for v, blob in self._shares_of(u, msgs[u])}
         return {v: b"".join(_ID.pack(u) + self.ciphertexts[u, v] for u in self.u2 if u != v) for v in self.u2}
 
+    def _shares_of(self, u: int, msg: bytes) -> list:
+        recs = _records("ShareKeys", f"client {u}", msg, NONCE_BYTES + _SHARE_CT)
+        if sorted(v for v, _ in recs) != [v for v in self.u1 if v != u]:
+            raise _abort("ShareKeys", f"client {u}", f"addresses shares to {sorted(v for v, _ in recs)}, not once to "
+                         f"each other user of U1 {list(self.u1)}")
+        return recs
+
     def collect_masked(self, msgs: dict[int, bytes]) -> bytes:
-        self.u3 = self._require("MaskedInputCollection", msgs)
         dtype = wire_dtype(self.params.bits)
+        msgs = self._checked("MaskedInputCollection", msgs, set(self.u2), self.params.length * dtype.itemsize)
+        self.u3 = self._require("MaskedInputCollection", msgs)
         self.masked = {u: np.frombuffer(msgs[u], dtype=dtype).astype(np.uint64) for u in self.u3}
         return b"".join(_ID.pack(u) for u in self.u3)
 
     def unmask(self, msgs: dict[int, bytes]) -> np.ndarray:
         """Σ_{u∈U3} y_u − Σ_{u∈U3} PRG(b_u) − Σ_{u∈U3, v∈U2\\U3} Δ_{u,v} PRG(s_{u,v}) = Σ_{u∈U3} x_u mod R."""
+        msgs = self._checked("Unmasking", msgs, set(self.u3))
         self.u5 = self._require("Unmasking", msgs)
         t, m, bits = self.params.threshold, self.params.length, self.params.bits
         index = {u: i + 1 for i, u in enumerate(self.u1)}
         shares = {}                                      # (v, kind) → [(index of holder, share)]
         for u in self.u5:
-            o, data = 0, msgs[u]
-            while o < len(data):
-                v, kind = _ID.unpack_from(data, o)[0], data[o + _ID.size]
-                size = SEED_BYTES if kind == B_SHARE else KEY_BYTES
-                shares.setdefault((v, kind), []).append((index[u], data[o + 5:o + 5 + size]))
-                o += 5 + size
+            for v, kind, share in self._unmasking_shares(u, msgs[u]):
+                shares.setdefault((v, kind), []).append((index[u], share))
         z = np.zeros(m, dtype=np.uint64)
         for u in self.u3:
             z += self.masked[u]
@@ -315,6 +385,28 @@ class SecAggServer:
                 z = z - mask if u > v else z + mask    # remove u's Δ_{u,v} PRG(s_{u,v}) term
         self.sum = z & modulus_mask(bits)
         return self.sum
+
+    def _unmasking_shares(self, u: int, data: bytes) -> list:
+        """(v, kind, share) records of u's unmasking message: exactly one share for each v ∈ U2 (u itself
+        included), a b-share if v ∈ U3 and an s^SK share if v dropped; anything else aborts naming u."""
+        o, out = 0, []
+        while o < len(data):
+            if o + _ID.size + 1 > len(data):
+                raise _abort("Unmasking", f"client {u}", f"ends in a torn record at byte {o}")
+            v, kind = _ID.unpack_from(data, o)[0], data[o + _ID.size]
+            want = B_SHARE if v in self.u3 else S_SHARE if v in self.u2 else None
+            if kind != want:
+                raise _abort("Unmasking", f"client {u}", f"holds a share of kind {kind} for user {v} (expected "
+                             f"{'none: not in U2' if want is None else 'b' if want == B_SHARE else 's^SK'})")
+            size = SEED_BYTES if kind == B_SHARE else KEY_BYTES
+            if o + _ID.size + 1 + size > len(data):
+                raise _abort("Unmasking", f"client {u}", f"ends in a torn record at byte {o}")
+            out.append((v, kind, data[o + _ID.size + 1:o + _ID.size + 1 + size]))
+            o += _ID.size + 1 + size
+        if sorted(v for v, _, _ in out) != list(self.u2):
+            raise _abort("Unmasking", f"client {u}", f"holds shares for {sorted(v for v, _, _ in out)}, not once "
+                         f"for each user of U2 {list(self.u2)}")
+        return out
 
     @staticmethod
     def _enough(shares: dict, v: int, kind: int, t: int) -> list:
@@ -348,6 +440,10 @@ class SecAggResult:
     def bytes_received(self, users=None) -> np.ndarray:
         users = self.included if users is None else users
         return np.array([sum(self.received[u].values()) for u in users])
+
+
+def _round(allowed) -> str:
+    return "ids must be in [0, 2^32)" if isinstance(allowed, range) else f"its users are {sorted(allowed)}"
 
 
 def _timed(party, method: str, *args):
@@ -406,7 +502,7 @@ def run_protocol(inputs, threshold: int, *, bits: int = 32, dropouts=None, ids=N
     params = SecAggParams(int(threshold), inputs.shape[1], int(bits))
     clients = {u: SecAggClient(u, inputs[i], params, None if seed is None else rng(seed, SECAGG, u))
                for i, u in enumerate(ids)}
-    server = SecAggServer(params)
+    server = SecAggServer(params, ids)
     sent = {u: dict.fromkeys(STAGES, 0) for u in ids}
     received = {u: dict.fromkeys(STAGES, 0) for u in ids}
     rounds, alive, downlink = {}, list(ids), None
