@@ -188,3 +188,13 @@ def test_a_range_may_be_open_at_one_end(tmp_path):
         _load(tmp_path, _bounded(">= 0", span=(0, None), metric="norm_acc"))
     with pytest.raises(C.ClaimsFileError, match=r"claims\[2\]\.range"):
         _load(tmp_path, _bounded("> 0", span=(None, None), metric="norm_acc"))
+
+
+def test_a_seeded_claim_at_another_scale_is_judged_on_every_recorded_seed():
+    claim = C.Claim(id="c", text="t", metric="gain", expect=parse_expectation("> 0"), partial=None, paper_value=None,
+                    verdict=C.REPRODUCED, note=None, seeds=5)
+    ten = {"gain": [0.1, 0.2, 0.15, 0.12, 0.11, 0.13, 0.2, 0.1, 0.14, 0.16]}
+    verdict, reason, summary = C.judge_detail(claim, ten, scale="paper")
+    assert verdict == C.REPRODUCED and summary["n"] == 10
+    assert C.judge_detail(claim, ten)[0] == C.ERROR  # at smoke the count is the claims file's
+    assert C.judge_detail(claim, {"gain": [0.1] * 3}, scale="paper")[0] == C.ERROR  # never fewer than 5

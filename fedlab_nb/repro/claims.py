@@ -582,11 +582,15 @@ def judge(claim: Claim, metrics: dict) -> tuple[str, str | None]:
     return judge_detail(claim, metrics)[:2]
 
 
-def judge_detail(claim: Claim, metrics: dict) -> tuple[str, str | None, dict | None]:
-    """(verdict, reason, interval summary): the summary is set for seeded claims (verdicts.judge_seeded)."""
+def judge_detail(claim: Claim, metrics: dict, scale: str = "smoke") -> tuple[str, str | None, dict | None]:
+    """(verdict, reason, interval summary): the summary is set for seeded claims (verdicts.judge_seeded).
+    `seeds: N` is the smoke scale's count; another scale (e.g. paper, with more seeds) is judged on every
+    per-seed value its run recorded, at least MIN_SEEDS."""
     try:
         if claim.seeds is not None:
-            verdict, summary = judge_seeded(claim.expect, claim.partial, claim.metric, claim.seeds, metrics,
+            recorded_n = len(metrics[claim.metric]) if isinstance(metrics.get(claim.metric), list) else 0
+            n = recorded_n if scale != "smoke" and recorded_n >= MIN_SEEDS else claim.seeds
+            verdict, summary = judge_seeded(claim.expect, claim.partial, claim.metric, n, metrics,
                                             claim.confidence)
             return verdict, None, summary
         _refuse_per_seed_lists(claim, metrics)

@@ -479,7 +479,7 @@ def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict,
         if run["error"]:
             verdict, reason = ERROR, f"notebook failed in cell {run['error']['cell']}: {run['error']['ename']}"
         else:
-            verdict, reason, summary = judge_detail(claim, run["metrics"])
+            verdict, reason, summary = judge_detail(claim, run["metrics"], scale)
         rows.append({"id": claim.id, "role": claim.role, "text": claim.text, "metric": claim.metric,
                      "expect": claim.expect.text, "partial": claim.partial.text if claim.partial else None,
                      "paper_value": claim.paper_value, "paper_note": claim.paper_note, "setting": claim.setting,
