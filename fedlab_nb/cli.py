@@ -163,9 +163,7 @@ def _last_results(results: Path, pid: str) -> dict:
 def _paper_line(paper, last: dict) -> str:
     """One line per paper: the headline verdict (stored; constructs say so), what stands beside it, the last runs."""
     from fedlab_nb.repro.report import beside
-    rows = [{"role": c.role, "verdict": c.verdict} for c in paper.claims]
-    stored = {"verdict": C.headline_verdict(rows), "implementation": paper.implementation, "claims": rows,
-              "report": list(paper.report)}
+    stored = C.stored_result(paper)
     runs = "; ".join(f"{s}: {r['verdict']}" for s, r in last.items()) or "not run yet"
     label = f"{C.CONSTRUCT}: {stored['verdict']}" if paper.is_construct else stored["verdict"]
     return f"{paper.id} — {paper.method}: {label} ({beside(stored)}; last: {runs})"
@@ -191,8 +189,7 @@ def _headline_detail(claim) -> list[str]:
 
 def _wanted(paper, args) -> bool:
     """The paper passes --verdict (its stored headline verdict) and --chapter (the lesson's key or title)."""
-    if args.verdict and args.verdict.lower() not in C.headline_verdict(
-            [{"role": c.role, "verdict": c.verdict} for c in paper.claims]):
+    if args.verdict and args.verdict.lower() not in C.stored_result(paper)["verdict"]:
         return False
     if args.chapter:
         from fedlab_nb.repro.course import CourseError, lesson_of

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedlab_nb.repro.claims import headline_verdict, load_paper, paper_ids  # noqa: E402
+from fedlab_nb.repro.claims import load_paper, paper_ids, stored_result  # noqa: E402
 from fedlab_nb.repro.report import summary_lines  # noqa: E402
 
 FILES = (ROOT / "README.md", ROOT / "docs" / "teachers.md")
@@ -27,13 +27,7 @@ BLOCK = re.compile(r"<!-- board:start -->.*?<!-- board:end -->", re.S)
 
 def stored_results(root: Path = ROOT) -> list[dict]:
     """One result per paper as the smoke board shows it when every claim gives its stored verdict."""
-    results = []
-    for pid in paper_ids(root):
-        paper = load_paper(pid, root)
-        rows = [{"id": c.id, "role": c.role, "verdict": c.verdict} for c in paper.claims]
-        results.append({"paper": pid, "scale": "smoke", "verdict": headline_verdict(rows), "claims": rows,
-                        "implementation": paper.implementation, "report": list(paper.report)})
-    return results
+    return [stored_result(load_paper(pid, root)) for pid in paper_ids(root)]
 
 
 def block(root: Path = ROOT) -> str:

@@ -49,7 +49,7 @@ def _result_text(result: dict | None) -> str:
     if result is None:
         return "—"
     minutes = (result.get("wall_seconds") or 0) / 60
-    return f"{result['verdict']} ({minutes:.1f} min, {result.get('cpu') or 'CPU'}, commit {result.get('git_commit', '?')[:7]})"
+    return f"{result['verdict']} ({minutes:.1f} min, {result.get('cpu') or 'CPU'}, commit {(result.get('git_commit') or '?')[:7]})"
 
 
 def table(root: Path = ROOT) -> str:

@@ -652,15 +652,23 @@ def beside_text(counts: dict, n_reported: int = 0) -> str:
     return "; ".join(parts + ([f"{n_reported} reported"] if n_reported else []))
 
 
+def stored_result(paper: Paper) -> dict:
+    """The paper as the smoke board shows it when every claim gives its stored verdict (the verdicts the test
+    suite and `reproduce` hold a run to): a result-shaped dict for headline_verdict, beside_text and the board."""
+    rows = [{"id": c.id, "role": c.role, "verdict": c.verdict} for c in paper.claims]
+    return {"paper": paper.id, "scale": "smoke", "verdict": headline_verdict(rows), "claims": rows,
+            "implementation": paper.implementation, "report": list(paper.report)}
+
+
 def headline_lines(paper: Paper) -> list[str]:
     """The paper's verdict as its claims file states it: the headline verdict (a construct says so), each
     headline claim's stored verdict (and those also seen), and the supporting claims and checks beside it."""
-    rows = [{"role": c.role, "verdict": c.verdict} for c in paper.claims]
-    verdict = headline_verdict(rows)
+    stored = stored_result(paper)
+    verdict = stored["verdict"]
     label = f"{CONSTRUCT}: {verdict}" if paper.is_construct else verdict
     lines = [f"The paper's verdict, from its headline claims (papers/{paper.id}.yaml): {label.upper()}"]
     lines += [f"  headline {c.id}: {' or '.join(c.accepted)}" for c in paper.headlines]
-    beside = beside_text(role_counts(rows), len(paper.report))
+    beside = beside_text(role_counts(stored["claims"]), len(paper.report))
     return lines + ([f"  beside it: {beside}"] if beside else [])
 
 
