@@ -96,3 +96,23 @@ def test_eligible_segments_and_bad_knobs():
         fedselect(every=0)
     with pytest.raises(ValueError, match="weighting"):
         fedselect(weighting="median")
+    with pytest.raises(ValueError, match="evaluate"):
+        fedselect(evaluate="after")
+
+
+def test_personal_model_is_the_trained_weights_as_the_official_code_evaluates():
+    """evaluate="trained" (official cross_client_eval before the broadcast): the client's last trained weights;
+    "next_start": the new average on its shared coordinates, its own values on the personal ones."""
+    torch.set_num_threads(1)
+    fed = fl.federate("digits", "dirichlet", n_clients=4, alpha=0.3, seed=0)
+    kw = dict(model="mlp", model_kwargs={"hidden": (16,)}, local_epochs=1, batch_size=32, lr=0.1, seed=0,
+              progress=False, eval_every=10, rounds=3)
+    method = fedselect(rate=0.3, limit=0.8, every=1)
+    h = fl.simulate(method, fed, **kw)
+    store = h.store.all("cpu")
+    trained = method.client.personal(method, h.theta.cpu(), store, None)
+    assert torch.equal(trained, store["own"])
+    nxt = fedselect(rate=0.3, limit=0.8, every=1, evaluate="next_start")
+    start = nxt.client.personal(nxt, h.theta.cpu(), store, None)
+    assert torch.equal(start, torch.where(store["kept"], store["own"], h.theta.cpu()))
+    assert not torch.equal(start, trained)   # the broadcast moved the shared coordinates

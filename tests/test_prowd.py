@@ -78,7 +78,7 @@ def test_dequantiser_is_the_bin_centroid_and_reduces_error():
     spec = [("w", torch.Size([4000])), ("b", torch.Size([50]))]
     w = torch.randn(3, 4050, generator=g)
     table = fit_dequantiser(w, spec, 2)
-    assert table.shape == (2, 4)
+    assert table.shape == (2, 3)   # 2 bits: the codes of {−R, 0, R}
     q = quantize_flat(w[0], spec, 2)
     d = apply_dequantiser(q, spec, 2, table)
     ref = torch.cat([quantize_flat(v, spec, 2) for v in w[:1]])
@@ -88,7 +88,12 @@ def test_dequantiser_is_the_bin_centroid_and_reduces_error():
     s = slice(0, 4000)
     R = w[0, s].abs().max()
     top = (q[s] == R)
-    assert torch.allclose(t1[0, 3], (w[0, s][top] / R).mean())
+    assert torch.allclose(t1[0, 2], (w[0, s][top] / R).mean())
+    # a bias tensor is sent at full precision: quantize_flat and the dequantiser leave it alone
+    bspec = [("fc.weight", torch.Size([4000])), ("fc.bias", torch.Size([50]))]
+    qb = quantize_flat(w[0], bspec, 2)
+    assert torch.equal(qb[4000:], w[0, 4000:])
+    assert torch.equal(apply_dequantiser(qb, bspec, 2, fit_dequantiser(w, bspec, 2))[4000:], w[0, 4000:])
     with pytest.raises(ValueError, match="32-bit"):
         fit_dequantiser(w, spec, 32)
 

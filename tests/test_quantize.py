@@ -1,4 +1,5 @@
-"""fedlab_nb.methods.labels.quantize: the uniform symmetric b-bit quantiser, stochastic rounding, the STE, per-layer scales, bytes."""
+"""fedlab_nb.methods.labels.quantize: the uniform symmetric (narrow-range) b-bit quantiser with a zero level, stochastic
+rounding, the STE, per-layer scales on weights only, bytes."""
 import math
 
 import pytest
@@ -11,18 +12,21 @@ from fedlab_nb.methods.labels.quantize import (check_bits, decode, dequantize, e
                                 quantize_levels, step)
 
 
-@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
-def test_grid_has_2_to_the_b_levels_and_is_idempotent(bits):
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_grid_has_2_to_the_b_minus_1_levels_with_zero_and_is_idempotent(bits):
     w = torch.linspace(-1, 1, 20001)
     q = quantize(w, bits)
-    assert q.unique().numel() == levels(bits) == 2 ** bits
+    assert q.unique().numel() == levels(bits) == 2 ** bits - 1
+    assert (q == 0).any() and torch.equal(quantize(torch.zeros(3), bits), torch.zeros(3))
     assert torch.equal(quantize(q, bits), q)
     assert (q - w).abs().max() <= step(bits, 1.0) / 2 + 1e-6
 
 
 def test_levels_are_the_symmetric_grid():
-    q = quantize(torch.linspace(-3, 3, 1001), 2).unique()
-    assert torch.allclose(q, torch.tensor([-3.0, -1.0, 1.0, 3.0]))
+    assert torch.allclose(quantize(torch.linspace(-3, 3, 1001), 2).unique(), torch.tensor([-3.0, 0.0, 3.0]))
+    assert torch.allclose(quantize(torch.linspace(-3, 3, 1001), 3).unique(), torch.tensor([-3.0, -2, -1, 0, 1, 2, 3]))
+    w = torch.tensor([0.0, 0.4, -2.0])  # a zero weight stays exactly zero next to a large one
+    assert quantize(w, 4)[0] == 0
 
 
 def test_32_bits_is_the_identity_and_r_zero_gives_zero():
@@ -37,7 +41,7 @@ def test_stochastic_rounding_is_unbiased_and_keyed():
     q = quantize(w, 2, R=1.0, stochastic=True, generator=g)
     se = q.std() / math.sqrt(len(q))
     assert abs(q.mean() - 0.3) < 3 * se
-    assert set(q.unique().tolist()) <= {-1 / 3, 1 / 3} or torch.allclose(q.unique(), torch.tensor([-1 / 3, 1 / 3]))
+    assert torch.allclose(q.unique(), torch.tensor([0.0, 1.0]))  # the two levels around 0.3 on {−1, 0, 1}
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     assert torch.equal(quantize(w[:100], 3, 1.0, True, g1), quantize(w[:100], 3, 1.0, True, g2))
 
@@ -58,12 +62,12 @@ def test_ste_passes_the_gradient_straight_through():
     assert torch.equal(w.grad, torch.arange(50.0))
 
 
-def test_flat_quantisation_uses_one_range_per_layer():
+def test_flat_quantisation_uses_one_range_per_layer_and_keeps_biases():
     model = make_model("mlp", (64,), 10, hidden=(16,))
     spec, theta = param_spec(model), flatten_params(model)
     q = quantize_flat(theta, spec, 3)
-    for s in layer_slices(spec):
-        assert torch.equal(q[s], quantize(theta[s], 3))
+    for (name, _), s in zip(spec, layer_slices(spec)):
+        assert torch.equal(q[s], theta[s] if name.endswith("bias") else quantize(theta[s], 3))
     assert torch.equal(layer_ranges(q, spec), layer_ranges(theta, spec))
     theta = theta.clone().requires_grad_()
     fq = fake_quantize_flat(theta, spec, 3)
@@ -74,25 +78,26 @@ def test_flat_quantisation_uses_one_range_per_layer():
 
 def test_wire_format_round_trips_and_bytes_match():
     w = torch.randn(1001)
-    for bits in (1, 2, 4, 8, 12):
+    for bits in (2, 4, 8, 12):
         blob = encode(w, bits)
         assert len(blob) == payload_bytes(1001, bits) == 4 + math.ceil(1001 * bits / 8)
         assert torch.allclose(decode(blob, 1001, bits), quantize(w, bits))
     model = make_model("mlp", (64,), 10, hidden=(16,))
     spec = param_spec(model)
     assert model_bytes(spec, 32) == 4 * flatten_params(model).numel()
-    assert model_bytes(spec, 4) == sum(4 + math.ceil(math.prod(s) * 4 / 8) for _, s in spec)
+    assert model_bytes(spec, 4) == sum(4 * math.prod(s) if n.endswith("bias") else 4 + math.ceil(math.prod(s) * 4 / 8)
+                                       for n, s in spec)
 
 
 def test_levels_round_trip_and_match_qsgd_level_width():
     w = torch.randn(300)
     ell, R = quantize_levels(w, 4)
-    assert ell.min() >= 0 and ell.max() <= 15 and torch.equal(ell, ell.round())
+    assert ell.min() >= 0 and ell.max() <= 14 and torch.equal(ell, ell.round())
     assert torch.allclose(dequantize(ell, 4, R), quantize(w, 4))
     assert QSGD(s=15).bits == 4  # the same fixed-width packing of 16 levels as QSGD with s = 15
 
 
-@pytest.mark.parametrize("bad", [0, 17, 31, 2.0, True, "4"])
+@pytest.mark.parametrize("bad", [0, 1, 17, 31, 2.0, True, "4"])
 def test_bad_bits_are_rejected(bad):
     with pytest.raises(ValueError, match="bits must be"):
         check_bits(bad)

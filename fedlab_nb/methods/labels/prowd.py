@@ -35,8 +35,8 @@ from ...core.registry import register
 from ...core.streams import register_stream
 from ...engine.evaluate import evaluate
 from ...models import param_spec
-from .quantize import FULL_PRECISION, check_bits, fake_quantize_flat, layer_slices, model_bytes, \
-    quantize_flat, quantize_levels
+from .quantize import FULL_PRECISION, check_bits, dequantize, fake_quantize_flat, is_bias, layer_slices, levels, \
+    model_bytes, quantize_flat, quantize_levels
 from ...utils import rng
 from ...core.method import ClientUpdate, DataSizeWeighting, Method, ServerSGD, weighted_mean
 
@@ -94,7 +94,8 @@ class QATClient(ClientUpdate):
 
 @dataclass
 class QuantisedBytes(Transform):
-    """Wire size: a b-bit client's model at b bits a weight plus one float32 R per layer, and its bit-width byte."""
+    """Wire size: a b-bit client's weights at b bits plus one float32 R per weight tensor, its biases as float32, and
+    its bit-width byte."""
     spec: tuple = ()
 
     def __call__(self, msgs, cstate, ctx):
@@ -104,17 +105,21 @@ class QuantisedBytes(Transform):
 
 # --- ProWD-lite: per-layer bin-centroid dequantisers fitted on the 32-bit clients' weights -----------------
 def fit_dequantiser(reference: torch.Tensor, spec, bits: int) -> torch.Tensor:
-    """[L, 2^b] table: per layer, the mean of w/R over the entries of the reference models [n, d] whose b-bit
-    level (R = that model's layer max|w|) is ℓ; levels with no entry keep their grid value −1 + 2ℓ/(2^b − 1)."""
+    """[L, 2^b − 1] table: per weight tensor, the mean of w/R over the entries of the reference models [n, d]
+    whose b-bit code (R = that model's layer max|w|) is ℓ; codes with no entry keep their grid value (ℓ − m)/m.
+    Bias tensors (full precision on every device) keep the grid row and are never dequantised."""
     bits = check_bits(bits)
     if bits == FULL_PRECISION:
-        raise ValueError("a 32-bit upload needs no dequantiser; fit one for bits in 1 … 16")
+        raise ValueError("a 32-bit upload needs no dequantiser; fit one for bits in 2 … 16")
     if reference.dim() != 2 or len(reference) == 0:
         raise ValueError(f"reference must be [n >= 1, d] full-precision models, got shape {tuple(reference.shape)}")
-    n_lev = 2 ** bits
-    grid = -1 + 2 * torch.arange(n_lev, dtype=reference.dtype) / (n_lev - 1)
+    n_lev = levels(bits)
+    grid = dequantize(torch.arange(n_lev), bits, torch.tensor(1.0, dtype=reference.dtype))
     tables = []
-    for s in layer_slices(spec):
+    for (name, _), s in zip(spec, layer_slices(spec)):
+        if is_bias(name):
+            tables.append(grid)
+            continue
         sums, counts = torch.zeros(n_lev, dtype=reference.dtype), torch.zeros(n_lev, dtype=reference.dtype)
         for w in reference[:, s]:
             ell, R = quantize_levels(w, bits)
@@ -126,9 +131,13 @@ def fit_dequantiser(reference: torch.Tensor, spec, bits: int) -> torch.Tensor:
 
 
 def apply_dequantiser(upload: torch.Tensor, spec, bits: int, table: torch.Tensor) -> torch.Tensor:
-    """A b-bit upload (grid values, R = its layer max) with every level replaced by R · table[layer, ℓ]."""
+    """A b-bit upload (grid values, R = its layer max) with every level of a weight tensor replaced by
+    R · table[layer, ℓ]; bias tensors (sent at full precision) pass unchanged."""
     parts = []
-    for i, s in enumerate(layer_slices(spec)):
+    for i, ((name, _), s) in enumerate(zip(spec, layer_slices(spec))):
+        if is_bias(name):
+            parts.append(upload[s])
+            continue
         ell, R = quantize_levels(upload[s], bits)  # on the grid already: recovers the levels exactly
         parts.append(R * table[i].to(upload)[ell.long()])
     return torch.cat(parts)

@@ -3,11 +3,15 @@ straight-through estimator (STE) for quantisation-aware training, per-layer scal
 the wire format of a quantised tensor.
 
 The quantiser (standard; e.g. Jacob et al., "Quantization and Training of Neural Networks for Efficient
-Integer-Arithmetic-Only Inference", CVPR 2018, in its symmetric form): on [−R, R] with b bits there are 2^b levels
-−R + ℓΔ, ℓ = 0 … 2^b − 1, step Δ = 2R / (2^b − 1). Nearest rounding has error in [−Δ/2, Δ/2] (MSE Δ²/12 for
-weights spread evenly over a bin); stochastic rounding picks the upper level with probability equal to the distance
-from the lower one over Δ, so E[Q(w)] = w (variance ≤ Δ²/4). R defaults to max|w| (per tensor, or per layer with
-`quantize_flat`), so Q(Q(w)) = Q(w). b = 32 means full precision: the identity.
+Integer-Arithmetic-Only Inference", CVPR 2018, in its symmetric "narrow range" form, as int8 in [−127, 127]): on
+[−R, R] with b bits there are 2^b − 1 levels kΔ, k = −m … m, m = 2^(b−1) − 1, step Δ = R / m — zero is a level, so
+a zero weight stays exactly zero, and ±R are levels (one of the 2^b codes is unused). The code ℓ = k + m is stored
+in b bits. b ≥ 2 (one bit has no symmetric grid with a zero). Nearest rounding has error in [−Δ/2, Δ/2] (MSE Δ²/12
+for weights spread evenly over a bin); stochastic rounding picks the upper level with probability equal to the
+distance from the lower one over Δ, so E[Q(w)] = w (variance ≤ Δ²/4). R defaults to max|w| (per tensor, or per
+layer with `quantize_flat`), so Q(Q(w)) = Q(w). b = 32 means full precision: the identity. `quantize_flat`
+quantises weights only: bias tensors stay at full precision (weight-only quantisation, as the quantised devices
+of bit-width heterogeneous FL store their weight matrices).
 
 The STE (Bengio, Léonard, Courville, arXiv:1308.3432, 2013): the forward pass uses Q(w), the backward pass treats
 Q as the identity, w + (Q(w) − w).detach(). Wire format of one tensor: float32 R ‖ the levels ℓ at a fixed width of
@@ -26,28 +30,33 @@ import torch
 from ..communication.compression import pack_uint, unpack_uint
 
 FULL_PRECISION = 32
-MAX_GRID_BITS = 16
+MIN_GRID_BITS, MAX_GRID_BITS = 2, 16
 
 
 def check_bits(bits) -> int:
-    """b as an int: 1 … 16 bits on the grid, or 32 = full precision (no quantisation)."""
+    """b as an int: 2 … 16 bits on the grid, or 32 = full precision (no quantisation)."""
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not (
-            1 <= bits <= MAX_GRID_BITS or bits == FULL_PRECISION):
-        raise ValueError(f"bits must be an int in 1 … {MAX_GRID_BITS} or {FULL_PRECISION} (full precision), got "
-                         f"{bits!r}; e.g. bits=4")
+            MIN_GRID_BITS <= bits <= MAX_GRID_BITS or bits == FULL_PRECISION):
+        raise ValueError(f"bits must be an int in {MIN_GRID_BITS} … {MAX_GRID_BITS} or {FULL_PRECISION} (full "
+                         f"precision), got {bits!r}; e.g. bits=4")
     return int(bits)
 
 
+def half(bits: int) -> int:
+    """m = 2^(b−1) − 1: the grid's levels are kΔ for k = −m … m."""
+    return 2 ** (check_bits(bits) - 1) - 1
+
+
 def levels(bits: int) -> int:
-    """How many values a b-bit grid has: 2^b."""
-    return 2 ** check_bits(bits)
+    """How many values a b-bit grid has: 2^b − 1 (zero among them)."""
+    return 2 * half(bits) + 1
 
 
 def step(bits: int, R) -> torch.Tensor | float:
-    """Δ = 2R / (2^b − 1), the distance between neighbouring levels on [−R, R]."""
+    """Δ = R / (2^(b−1) − 1), the distance between neighbouring levels on [−R, R]."""
     if check_bits(bits) == FULL_PRECISION:
-        raise ValueError("bits=32 is full precision and has no grid step; pass bits in 1 … 16")
-    return 2 * R / (2 ** bits - 1)
+        raise ValueError("bits=32 is full precision and has no grid step; pass bits in 2 … 16")
+    return R / half(bits)
 
 
 def _scale(w: torch.Tensor, R) -> torch.Tensor:
@@ -61,34 +70,34 @@ def _scale(w: torch.Tensor, R) -> torch.Tensor:
 
 def quantize_levels(w: torch.Tensor, bits: int, R=None, stochastic: bool = False,
                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(integer levels ℓ ∈ {0 … 2^b − 1} of w's entries, the R used). Entries outside [−R, R] are clipped;
-    R = max|w| by default (a scalar, or one R per entry); where R = 0 (an all-zero tensor) the level is 0 and
-    `dequantize` returns 0."""
+    """(integer codes ℓ = k + m ∈ {0 … 2^b − 2} of w's entries, the R used). Entries outside [−R, R] are clipped;
+    R = max|w| by default (a scalar, or one R per entry); where R = 0 (an all-zero tensor) the code is m (the zero
+    level) and `dequantize` returns 0."""
     bits = check_bits(bits)
     if bits == FULL_PRECISION:
         raise ValueError("bits=32 has no integer levels (full precision); use quantize(w, 32), the identity")
     if stochastic and generator is None:
         raise ValueError("stochastic rounding needs a torch.Generator (generator=...), so the draw is keyed")
     R = _scale(w, R)
-    top = 2 ** bits - 1
-    t = (w.detach().clamp(-R, R) + R) / torch.where(R > 0, 2 * R / top, torch.ones_like(R))
+    m = half(bits)
+    t = w.detach().clamp(-R, R) / torch.where(R > 0, R / m, torch.ones_like(R)) + m
     if stochastic:
         low = t.floor()
         up = torch.rand(t.shape, generator=generator, dtype=t.dtype, device="cpu").to(t.device) < (t - low)
         ell = low + up
     else:
         ell = t.round()
-    ell = torch.where(R > 0, ell, torch.zeros_like(ell))  # no range (R = 0): level 0, which decodes to 0
-    return ell.clamp(0, top), R
+    ell = torch.where(R > 0, ell, torch.full_like(ell, m))  # no range (R = 0): the zero level
+    return ell.clamp(0, 2 * m), R
 
 
 def dequantize(ell: torch.Tensor, bits: int, R) -> torch.Tensor:
-    """The grid value −R + ℓΔ of each level (float), computed as R·(2ℓ/(2^b − 1) − 1) so that the end levels are
-    exactly ±R (then max|Q(w)| = R and Q(Q(w)) = Q(w) bit for bit)."""
+    """The grid value kΔ = R·(ℓ − m)/m of each code (float): the end codes are exactly ±R (then max|Q(w)| = R and
+    Q(Q(w)) = Q(w) bit for bit) and the middle one exactly 0."""
     if not (isinstance(R, torch.Tensor) and R.is_floating_point()):
         R = torch.as_tensor(R, dtype=ell.dtype if ell.is_floating_point() else torch.get_default_dtype())
-    top = 2 ** check_bits(bits) - 1
-    return torch.where(R > 0, R * (2 * ell.to(R.dtype) / top - 1), torch.zeros_like(ell, dtype=R.dtype))
+    m = half(bits)
+    return torch.where(R > 0, R * ((ell.to(R.dtype) - m) / m), torch.zeros_like(ell, dtype=R.dtype))
 
 
 def quantize(w: torch.Tensor, bits: int, R=None, stochastic: bool = False,
@@ -144,13 +153,26 @@ def _entry_ranges(theta: torch.Tensor, spec) -> torch.Tensor:
     return R[index]
 
 
+def is_bias(name: str) -> bool:
+    """A bias tensor (kept at full precision by `quantize_flat`, sent as float32 by `model_bytes`)."""
+    return name.endswith("bias")
+
+
+@functools.lru_cache(maxsize=64)
+def _bias_entries(spec: tuple) -> torch.Tensor:
+    return torch.cat([torch.full((math.prod(shape),), is_bias(name)) for name, shape in spec])
+
+
 def quantize_flat(theta: torch.Tensor, spec, bits: int, stochastic: bool = False,
                   generator: torch.Generator | None = None) -> torch.Tensor:
-    """Each parameter tensor of the flat θ quantised with its own R = max|w| (per-layer symmetric)."""
+    """Each weight tensor of the flat θ quantised with its own R = max|w| (per-layer symmetric); bias tensors
+    are returned unchanged (weight-only quantisation)."""
     if check_bits(bits) == FULL_PRECISION:
         return theta
     R = _entry_ranges(theta, spec)
-    return dequantize(quantize_levels(theta, bits, R, stochastic, generator)[0], bits, R).to(theta.dtype)
+    q = dequantize(quantize_levels(theta, bits, R, stochastic, generator)[0], bits, R).to(theta.dtype)
+    bias = _bias_entries(tuple((n, tuple(s)) for n, s in spec)).to(theta.device)
+    return torch.where(bias, theta, q)
 
 
 def fake_quantize_flat(theta: torch.Tensor, spec, bits: int) -> torch.Tensor:
@@ -186,5 +208,5 @@ def payload_bytes(n: int, bits: int) -> int:
 
 
 def model_bytes(spec, bits: int) -> int:
-    """Bytes of a whole model at b bits with one R per layer (the upload of a b-bit device)."""
-    return sum(payload_bytes(math.prod(shape), bits) for _, shape in spec)
+    """Bytes of a whole model at b bits with one R per weight tensor, biases as float32 (a b-bit device's upload)."""
+    return sum(payload_bytes(math.prod(shape), FULL_PRECISION if is_bias(name) else bits) for name, shape in spec)

@@ -88,18 +88,19 @@ def fit_sparse_etf(etf: torch.Tensor, sparsity: float, generator: torch.Generato
 
 
 @lru_cache(maxsize=32)
-def _sse_c(seed: int, features: int, num_classes: int, sparsity: float, steps: int) -> torch.Tensor:
+def _sse_c(seed: int, features: int, num_classes: int, sparsity: float, steps: int, norm: float) -> torch.Tensor:
     g = torch.Generator().manual_seed(int(rng(seed, SSE_C, 0).integers(2**62)))
     etf = simplex_etf(features, num_classes, g)
     # fitted in float32, as officially (in float64 some kept entries underflow to 0 when cast down)
-    return fit_sparse_etf(etf.float(), sparsity, g, steps) if sparsity > 0 else etf.float()
+    return fit_sparse_etf(etf.float(), sparsity, g, steps, norm=norm) if sparsity > 0 else etf.float()
 
 
 def sse_classifier(seed: int, features: int, num_classes: int, sparsity: float = 0.6,
-                   steps: int = 10_000) -> torch.Tensor:
-    """The run's static classifier E [h, C], a pure function of (seed, shape, sparsity): the same tensor in
-    every round and on every client (sparsity 0: the exact simplex ETF)."""
-    return _sse_c(int(seed), int(features), int(num_classes), float(sparsity), int(steps)).clone()
+                   steps: int = 10_000, norm: float = 0.1) -> torch.Tensor:
+    """The run's static classifier E [h, C], a pure function of (seed, shape, sparsity, norm): the same tensor
+    in every round and on every client (sparsity 0: the exact simplex ETF, unit columns; `norm`: the column norm
+    the sparse fit aims at, 0.1 in the official code)."""
+    return _sse_c(int(seed), int(features), int(num_classes), float(sparsity), int(steps), float(norm)).clone()
 
 
 def fedloge_losses(model, spec, w, local_head, x, y, etf):
@@ -146,6 +147,7 @@ class FedLoGeClient(ClientUpdate):
     sparsity: float = 0.6
     etf_steps: int = 10_000
     mask_absent: bool = True
+    etf_norm: float = 0.1
 
     def client_state(self, method, theta, groups):
         sl, (C, _), _ = head_slice(groups.spec)
@@ -154,7 +156,7 @@ class FedLoGeClient(ClientUpdate):
 
     def classifier(self, seed: int, spec) -> torch.Tensor:
         _, (C, h), _ = head_slice(spec)
-        return sse_classifier(seed, h, C, self.sparsity, self.etf_steps)
+        return sse_classifier(seed, h, C, self.sparsity, self.etf_steps, self.etf_norm)
 
     def local_train(self, setup, r, jobs, down, cstate):
         theta, model = down["theta"], setup.loss_fn.model
@@ -188,13 +190,17 @@ class FedLoGeClient(ClientUpdate):
 
 
 @register("fedloge", claims="fedloge", notebook="fedloge")
-def fedloge(sparsity: float = 0.6, etf_steps: int = 10_000, mask_absent: bool = True, server_lr: float = 1.0) -> Method:
+def fedloge(sparsity: float = 0.6, etf_steps: int = 10_000, mask_absent: bool = True, server_lr: float = 1.0,
+            etf_norm: float = 0.1) -> Method:
     """FedLoGe: backbone trained against the static (sparse) ETF, global head averaged, local heads kept;
     `personal()` gives the LA-FR personal models, `realign_global(hist.theta, spec)` the GA-FR generic one.
-    `sparsity`: fraction of zeroed ETF entries (0.6 official; 0: the dense, exact ETF)."""
+    `sparsity`: fraction of zeroed ETF entries (0.6 official; 0: the dense, exact ETF). `etf_norm`: the SSE-C's
+    column norm (0.1 official, picked for ResNet features by the authors' sweep, logs norm0_01 … norm2)."""
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0 <= sparsity < 1:
         raise ValueError(f"sparsity must be a number in [0, 1), e.g. 0.6 (the official code's), got {sparsity!r}")
     if isinstance(etf_steps, bool) or not isinstance(etf_steps, int) or etf_steps < 0:
         raise ValueError(f"etf_steps must be an int >= 0 (Adam steps fitting the sparse ETF), got {etf_steps!r}")
+    if isinstance(etf_norm, bool) or not isinstance(etf_norm, (int, float)) or not etf_norm > 0:
+        raise ValueError(f"etf_norm must be a number > 0 (the SSE-C's column norm; official 0.1), got {etf_norm!r}")
     return Method("fedloge", LocalObjective(), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr),
-                  client=FedLoGeClient(float(sparsity), etf_steps, mask_absent))
+                  client=FedLoGeClient(float(sparsity), etf_steps, mask_absent, float(etf_norm)))

@@ -21,10 +21,14 @@ the personal pass comes first in every epoch (`MaskLocalAltSGD` starts toggled t
 n_free − round((1 − p)·n_free); the reference point of |Δ| is the client's trained weights at its last growth
 (θ₀ at first); biases are never selected; coordinates that become personal in round r still receive round r's
 average (the broadcast uses the mask the client trained with), so a new personal coordinate starts from the
-global value. Differences: rounds are counted per client (the official code trains every client every round,
-where the two counts agree), ties in |Δ| are broken by position (the code takes every tie at the cut-off), and
-the personal model evaluated is the one the client starts its next round from (the library's protocol,
-as for FedPer), not its weights right after local training."""
+global value. The personal model evaluated is, as in the official code (`cross_client_eval` on the clients'
+state dicts before the broadcast), the client's weights right after its local training (`evaluate="trained"`);
+`evaluate="next_start"` evaluates the model it starts its next round from instead (the shared coordinates
+overwritten by the new average). The personal set grows from empty: the official `fedselect_algorithm` starts
+from `init_mask_zeros` and calls `delta_update(..., invert=True)` (the `invert=False` default of
+`lottery_ticket.delta_update` is the pruning direction, which it does not use). Differences: rounds are counted
+per client (the official code trains every client every round, where the two counts agree), and ties in |Δ| are
+broken by position (the code takes every tie at the cut-off)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -166,6 +170,7 @@ class FedSelectClient(ClientUpdate):
     limit: float = 0.8
     every: int = 3
     eligible: tuple = ("*weight",)
+    evaluate: str = "trained"
 
     def client_state(self, method, theta, groups):
         off = torch.zeros(theta.numel(), dtype=torch.bool, device=theta.device)
@@ -201,7 +206,12 @@ class FedSelectClient(ClientUpdate):
         return {"delta": delta, "shared": shared}, new, torch.stack(losses)
 
     def personal(self, method, theta, cstate, groups):
-        return self.start_rows(theta, cstate)
+        """The official protocol ("trained"): the weights of the client's last local training; before its first
+        round, or with evaluate="next_start", the model it would start its next round from."""
+        start = self.start_rows(theta, cstate)
+        if self.evaluate == "next_start":
+            return start
+        return torch.where(cstate["rounds"] > 0, cstate["own"].to(theta.dtype), start)
 
 
 def personal_fraction(mask: torch.Tensor, spec) -> dict:
@@ -216,21 +226,25 @@ def personal_fraction(mask: torch.Tensor, spec) -> dict:
 
 @register("fedselect", claims="fedselect", notebook="fedselect")
 def fedselect(rate: float = 0.25, limit: float = 0.8, every: int = 3, eligible=("*weight",),
-              weighting: str = "uniform") -> Method:
+              weighting: str = "uniform", evaluate: str = "trained") -> Method:
     """`rate` p: fraction of the still-global coordinates of a layer made personal per growth step; `limit` α:
     a layer stops growing once its personal fraction exceeds it; `every`: growth every that many rounds of the
     client (defaults: the official code's `prune_percent` 25, `prune_target` 80, `lth_epoch_iters` 3);
     `eligible`: glob patterns of the tensors that may become personal (the code: names containing "weight");
-    `weighting`: "uniform" (the official count average) or "size" (n_k-weighted)."""
+    `weighting`: "uniform" (the official count average) or "size" (n_k-weighted); `evaluate`: the personal model
+    is the client's weights after local training ("trained", the official code) or its next round's start
+    ("next_start")."""
     if not 0 < rate < 1:
         raise ValueError(f"FedSelect's rate (p) is a fraction in (0, 1), got {rate!r}")
     if not 0 <= limit <= 1:
         raise ValueError(f"FedSelect's limit (α) is a fraction in [0, 1], got {limit!r}")
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"FedSelect's every must be an int >= 1 (rounds between growth steps), got {every!r}")
+    if evaluate not in ("trained", "next_start"):
+        raise ValueError(f"FedSelect's evaluate must be 'trained' (official) or 'next_start', got {evaluate!r}")
     if weighting not in ("uniform", "size"):
         raise ValueError(f"FedSelect's weighting must be 'uniform' (official) or 'size', got {weighting!r}")
     eligible = (eligible,) if isinstance(eligible, str) else tuple(eligible)
     weights = UniformWeighting() if weighting == "uniform" else DataSizeWeighting()
     return Method("fedselect", weighting=weights, rule=SharedCoordinateMean(), server_opt=ServerSGD(),
-                  uplink=(SharedPartBytes(),), client=FedSelectClient(float(rate), float(limit), every, eligible))
+                  uplink=(SharedPartBytes(),), client=FedSelectClient(float(rate), float(limit), every, eligible, evaluate))
