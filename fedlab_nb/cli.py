@@ -12,6 +12,7 @@ Papers are papers/*.yaml under the repository root (the folder holding fedlab_nb
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import sys
@@ -511,6 +512,17 @@ COMMANDS = {"list": cmd_list, "run": cmd_run, "params": cmd_params, "reproduce":
             "figures": cmd_figures, "history": cmd_history, "lab": cmd_lab}
 
 
+DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+               errno.EROFS: "the file system is read-only"}
+
+
+def disk_error(e: OSError, args) -> str:
+    """One line for a write the disk refused: what happened, where, that finished results are kept, the fix."""
+    where = e.filename or _results(args, _root(args))
+    return (f"{DISK_ERRORS[e.errno]} ({e.strerror or e}) while writing {where}; results already written are kept "
+            "as they were: free space (or quota) there, or give --results a folder on another disk")
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)  # argparse itself exits with 2 on bad usage
     try:
@@ -518,6 +530,11 @@ def main(argv=None) -> int:
     except C.ReproError as e:
         print(f"fedlab-nb {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        if e.errno not in DISK_ERRORS:
+            raise
+        print(f"fedlab-nb {args.command}: error: {disk_error(e, args)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -556,3 +556,57 @@ def test_results_path_that_is_a_file_or_read_only_names_it_and_the_fix(tmp_path,
         assert f"cannot write into the results folder {ro} (Permission denied): make it writable (chmod u+w {ro})" in err
         assert len(err.splitlines()) == 1
     assert not list(ro.iterdir())
+
+
+# (13) a full disk: one line naming the folder and the fix; results already written are kept ----------------
+def _disk_full(*args, **kwargs):
+    import errno
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_full_disk_during_report_is_one_line_and_keeps_the_results(tmp_path, capsys, monkeypatch):
+    import pathlib
+    from fedlab_nb.cli import main
+    root, results = cli_root(tmp_path), tmp_path / "results"
+    results.mkdir()
+    kept = results / "tiny-smoke.json"
+    kept.write_text('{"paper": "tiny"}')
+    monkeypatch.setattr(pathlib.Path, "write_text", _disk_full)
+    assert main(["--root", str(root), "--results", str(results), "report"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fedlab-nb report: error: the disk is full (No space left on device) while writing")
+    assert "free space (or quota) there, or give --results a folder on another disk" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert kept.read_text() == '{"paper": "tiny"}'
+
+
+def test_other_os_errors_are_not_taken_for_a_full_disk(tmp_path, monkeypatch):
+    import errno
+    import pathlib
+    from fedlab_nb.cli import main
+    root, results = cli_root(tmp_path), tmp_path / "results"
+    results.mkdir()
+
+    def broken(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(pathlib.Path, "write_text", broken)
+    with pytest.raises(OSError, match="Input/output"):
+        main(["--root", str(root), "--results", str(results), "report"])
+
+
+@pytest.mark.notebook
+def test_full_disk_while_a_run_publishes_keeps_the_previous_result(tmp_path, capsys, monkeypatch):
+    from fedlab_nb.cli import main
+    from fedlab_nb.repro import runner
+    root = cli_root(tmp_path)
+    assert main(cli_args(tmp_path, root) + ["reproduce", "tiny"]) == 0, capsys.readouterr().err
+    result = tmp_path / "results" / "tiny-smoke.json"
+    before = result.read_bytes()
+    capsys.readouterr()
+    monkeypatch.setattr(runner, "write_json_atomic", _disk_full)
+    assert main(cli_args(tmp_path, root) + ["reproduce", "tiny", "--force"]) == 1
+    err = capsys.readouterr().err
+    assert "error: the disk is full" in err and "results already written are kept" in err
+    assert "Traceback" not in err and len([l for l in err.splitlines() if "error:" in l]) == 1
+    assert result.read_bytes() == before
+    assert not list((tmp_path / "results").glob(".tiny-smoke.*.running"))
