@@ -17,7 +17,7 @@ from .core.history import History
 from .data import FederatedDataset, federate, list_datasets, load_dataset
 from .utils import resolve_device
 
-_SUBMODULES = {"api", "cli", "core", "engine", "flower", "repro", "utils", "viz", "widgets"}
+_SUBMODULES = {"api", "cli", "core", "engine", "flower", "repro", "studies", "utils", "viz", "widgets"}
 _LAZY = {"simulate": "api", "methods": None, "Method": "methods", "get_method": "methods", "run": "api",
          "NonFiniteUpdateError": "engine"}
 
