@@ -79,3 +79,32 @@ def test_reproduce_all_at_paper_scale_runs_only_what_runs_here(tmp_path, capsys)
     assert "tiny (paper): " in out and "SKIPPED" not in out
     result = json.loads((results / "tiny-paper.json").read_text())
     assert result["parameters"]["value"] == 2.0 and "cores" in result["cpu"]
+
+
+def test_a_stand_in_is_never_named_paper(tmp_path):
+    """Issue 41 item 4: where the paper's own setting does not run here, a stand-in scale is `paper-substitute`."""
+    import shutil
+    import yaml
+    from fedlab_nb.repro.claims import ClaimsFileError, load_paper
+    root = tmp_path / "root"
+    shutil.copytree(ROOT / "tests" / "data" / "tinyroot", root)
+    path = root / "papers" / "tiny.yaml"
+    data = yaml.safe_load(path.read_text())
+    stand_in = {"device": "cpu", "parameters": {"value": 2}}
+    for status in ("needs data", "no experiment"):
+        data["paper_scale"] = {"setting": "CIFAR-10", "data": "not offline", "status": status}
+        data["scales"] = {"smoke": data["scales"]["smoke"], "paper": stand_in}
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        with pytest.raises(ClaimsFileError, match="name the stand-in 'paper-substitute'"):
+            load_paper("tiny", root)
+        data["scales"] = {"smoke": data["scales"]["smoke"], "paper-substitute": stand_in}
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        assert "paper-substitute" in load_paper("tiny", root).scales
+
+
+def test_no_claims_file_passes_a_stand_in_off_as_the_paper():
+    from fedlab_nb.repro.claims import load_paper, paper_ids
+    for pid in paper_ids(ROOT):
+        paper = load_paper(pid, ROOT)
+        if "paper" in paper.scales:
+            assert paper.paper_scale["status"] in ("runs here", "needs a GPU"), pid

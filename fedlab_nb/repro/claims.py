@@ -387,6 +387,9 @@ def _paper_scale(c: _Checker, raw, scales: dict) -> dict | None:
                     "round or two for CI, e.g. {rounds: 2}", optional=True)
     if quick is not None and "paper" not in scales:
         c.fail("paper_scale.quick", "is set without a paper scale", "a 'paper' entry under scales")
+    if "paper" in scales and raw["status"] not in ("runs here", "needs a GPU"):
+        c.fail("scales.paper", f"is set while paper_scale.status is {raw['status']!r}: the paper's own setting does "
+               "not run here", "name the stand-in 'paper-substitute' (never 'paper'), or run the paper's setting")
     if raw["status"] == "runs here" and (scales.get("paper") or {}).get("device") != "cpu":
         c.fail("scales.paper.device", f"is {(scales.get('paper') or {}).get('device')!r} while paper_scale.status is "
                "'runs here'", "'cpu': the paper's own setting runs on this machine's CPU")
