@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path(os.environ.get("FEDLAB_NB_CHROMIUM", "/usr/bin/chromium"))
 SHOTS = ROOT / "results" / "screenshots"
-NOTEBOOK = "00_fedavg_noniid.ipynb"
+NOTEBOOK = "fedavg_noniid.ipynb"
 pytestmark = pytest.mark.browser
 
 

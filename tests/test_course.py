@@ -141,7 +141,7 @@ def test_syllabus_lists_every_paper_in_lesson_order():
     lesson_positions = [text.find(f"\n## {i}. {lesson.title}\n") for i, lesson in enumerate(course.LESSONS, 1)]
     assert -1 not in lesson_positions and lesson_positions == sorted(lesson_positions)
     seconds = sum(repro.load_paper(p, ROOT).scales["smoke"]["seconds"] for p in ("fedavg_noniid", "partitions"))
-    assert f"| `00_fedavg_noniid`, `01_partitions` | {course._minutes(seconds)} |" in text
+    assert f"| `fedavg_noniid`, `partitions` | {course._minutes(seconds)} |" in text
 
 
 def test_committed_syllabus_is_up_to_date():
@@ -161,7 +161,7 @@ def notebooks_with_solutions():
 
 def test_the_course_notebooks_have_solutions():
     names = {p.stem for p in notebooks_with_solutions()}
-    assert {"00_fedavg_noniid", "01_partitions", "fedbn"} <= names
+    assert {"fedavg_noniid", "partitions", "fedbn"} <= names
 
 
 def test_stub_keeps_names_and_signatures():

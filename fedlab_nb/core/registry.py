@@ -1,6 +1,6 @@
 """The method registry: each method file registers itself, so adding a method edits no shared file.
 
-    @register("fedprox", claims="baselines", notebook="02_baselines")
+    @register("fedprox", claims="baselines", notebook="baselines")
     def fedprox(mu=0.01): ...
 
 `kind="method"` entries are factories of round-based `Method`s (usable by name in `simulate`);

@@ -1,0 +1,32 @@
+"""Issue 40 item 8: one naming convention — paper id = claims file = notebook = the registry's index."""
+from pathlib import Path
+
+import fedlab_nb.methods  # noqa: F401  (every method registers itself)
+import fedlab_nb.data  # noqa: F401
+from fedlab_nb.core.registry import REGISTRY
+from fedlab_nb.repro.claims import load_paper, paper_ids
+from fedlab_nb.repro.course import LESSONS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_notebook_is_named_after_its_paper_id():
+    ids = paper_ids(ROOT)
+    for pid in ids:
+        assert load_paper(pid, ROOT).notebook == f"notebooks/{pid}.ipynb", pid
+    assert sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb")) == sorted(ids)
+
+
+def test_the_registry_points_at_the_claims_file_and_notebook_of_the_same_name():
+    ids = set(paper_ids(ROOT))
+    for key, entry in REGISTRY.items():
+        if entry.claims is not None:
+            assert entry.claims in ids, (key, entry.claims)
+        if entry.notebook is not None:
+            assert entry.notebook == entry.claims, (key, entry.notebook, entry.claims)
+
+
+def test_the_lessons_name_existing_papers():
+    ids = set(paper_ids(ROOT))
+    for lesson in LESSONS:
+        assert set(lesson.papers) <= ids, lesson.key
