@@ -343,7 +343,7 @@ def _build(method, fed, model, timeout, **run):
     return _server_app(setup, lambda h: box.__setitem__("history", h), timeout), _client_app(setup), box
 
 
-@register("flower", claims="flower", notebook="flower", kind="module")
+@register("flower", claims="flower", kind="module")
 def to_flower(method: Method | str, fed: FederatedDataset, model: str | torch.nn.Module = "mlp", *, rounds: int = 20,
               clients_per_round=10, local_epochs: int = 1, local_steps: int | None = None, batch_size: int = 32,
               lr: float = 0.05, seed: int = 0, eval_every: int = 1, model_kwargs: dict | None = None,

@@ -22,11 +22,24 @@ def test_the_registry_points_at_the_claims_file_and_notebook_of_the_same_name():
     for key, entry in REGISTRY.items():
         if entry.claims is not None:
             assert entry.claims in ids, (key, entry.claims)
-        if entry.notebook is not None:
-            assert entry.notebook == entry.claims, (key, entry.notebook, entry.claims)
+            assert (ROOT / "notebooks" / f"{entry.notebook}.ipynb").is_file(), key
 
 
 def test_the_lessons_name_existing_papers():
     ids = set(paper_ids(ROOT))
     for lesson in LESSONS:
         assert set(lesson.papers) <= ids, lesson.key
+
+
+def test_no_name_in_a_chapter_shadows_one_of_its_modules():
+    """`fedlab_nb.methods.<chapter>.<file>` is always the module, never a factory of the same name."""
+    import importlib
+    import pkgutil
+    import types
+    import fedlab_nb.methods as methods
+    chapters = [m.name for m in pkgutil.iter_modules(methods.__path__) if m.ispkg]
+    assert set(chapters) == {lesson.key for lesson in LESSONS}
+    for chapter in chapters:
+        package = importlib.import_module(f"fedlab_nb.methods.{chapter}")
+        for module in pkgutil.iter_modules(package.__path__):
+            assert isinstance(getattr(package, module.name), types.ModuleType), f"{chapter}.{module.name}"

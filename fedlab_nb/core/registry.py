@@ -1,11 +1,13 @@
 """The method registry: each method file registers itself, so adding a method edits no shared file.
 
-    @register("fedprox", claims="baselines", notebook="baselines")
+    @register("fedprox", claims="baselines")
     def fedprox(mu=0.01): ...
 
+The registry's one job is factories by key. `claims` names the paper a method belongs to; its claims file
+papers/<claims>.yaml and its notebook notebooks/<claims>.ipynb share that name (tests/test_names.py), so the
+paper ↔ notebook ↔ library index is built from the claims files, not kept here.
 `kind="method"` entries are factories of round-based `Method`s (usable by name in `simulate`);
-`kind="module"` entries are analyses or one-shot procedures (AFL's closed form) that still own a claims
-file and a notebook."""
+`kind="module"` entries are analyses or one-shot procedures (AFL's closed form) that still own a claims file."""
 from __future__ import annotations
 
 import difflib
@@ -21,15 +23,19 @@ class Entry:
     key: str
     factory: Callable
     module: str          # the library file, e.g. "fedlab_nb.methods.heterogeneity.fedprox"
-    claims: str | None   # papers/<claims>.yaml
-    notebook: str | None  # notebooks/<notebook>.ipynb
+    claims: str | None   # the paper: papers/<claims>.yaml and notebooks/<claims>.ipynb
     kind: str            # "method" | "module"
+
+    @property
+    def notebook(self) -> str | None:
+        """notebooks/<notebook>.ipynb: named after the paper id, like its claims file."""
+        return self.claims
 
 
 REGISTRY: dict[str, Entry] = {}
 
 
-def register(key: str, *, claims: str | None = None, notebook: str | None = None, kind: str = "method"):
+def register(key: str, *, claims: str | None = None, kind: str = "method"):
     """Decorator: register a method factory (or a module's entry function) under `key`."""
     if kind not in ("method", "module"):
         raise ValueError(f"register(kind=...) must be 'method' or 'module', got {kind!r}")
@@ -39,7 +45,7 @@ def register(key: str, *, claims: str | None = None, notebook: str | None = None
         old = REGISTRY.get(key)
         if old is not None and old.module != module:
             raise ValueError(f"method key {key!r} is registered twice: by {old.module} and by {module}")
-        REGISTRY[key] = Entry(key, factory, module, claims, notebook, kind)
+        REGISTRY[key] = Entry(key, factory, module, claims, kind)
         return factory
     return wrap
 

@@ -10,4 +10,4 @@ __all__ = ["DATASETS", "Dataset", "DatasetNotAvailable", "list_datasets", "load_
 
 from ..core.registry import register as _register
 
-_register("partitions", claims="partitions", notebook="partitions", kind="module")(make_partition)
+_register("partitions", claims="partitions", kind="module")(make_partition)

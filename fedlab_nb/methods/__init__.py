@@ -4,8 +4,7 @@ parts in `fedlab_nb.core.method`.
 The chapter folders are named after the lesson keys of `fedlab_nb.repro.course.LESSONS` (basics,
 heterogeneity, weights, robustness, privacy, communication, personalisation, bilevel, more, labels, beyond;
 a test holds the two equal). `heads.py` is the one module here that several chapters share. Every module of
-every chapter is imported here, and each registers its methods itself (`@register("key", claims=...,
-notebook=...)` from `fedlab_nb.core.registry`), so adding a method is adding a file to its chapter.
+every chapter is imported here, and each registers its methods itself (`@register("key", claims=...)` from `fedlab_nb.core.registry`), so adding a method is adding a file to its chapter.
 `get_method("fedprox", mu=0.1)` builds one by name; `METHODS` maps names to factories."""
 from __future__ import annotations
 

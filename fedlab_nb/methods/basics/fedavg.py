@@ -8,6 +8,6 @@ from ...core.registry import register
 from ...core.method import DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
 
 
-@register("fedavg", claims="fedavg_noniid", notebook="fedavg_noniid")
+@register("fedavg", claims="fedavg_noniid")
 def fedavg(server_lr: float = 1.0) -> Method:
     return Method("fedavg", LocalObjective(), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr))

@@ -102,7 +102,7 @@ def consistency_kl(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tens
     return (torch.softmax(ref_logits, -1) * (torch.log_softmax(ref_logits, -1) - torch.log_softmax(logits, -1))).sum(-1).mean()
 
 
-@register("dca", claims="dca", notebook="dca", kind="module")
+@register("dca", claims="dca", kind="module")
 def train_dca(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, copies: int = 4, components=None,
               epochs: int = 10, lr: float = 1e-3, batch_size: int = 64, repeats: int = 1, consistency: bool = False,
               theta: torch.Tensor | None = None, seed: int = 0,

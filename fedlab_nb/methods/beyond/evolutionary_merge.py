@@ -77,7 +77,7 @@ class SearchResult:
         return self.recipes[int(np.argmax(self.scores[:budget]))]
 
 
-@register("evolutionary_merge", claims="evolutionary_merge", notebook="evolutionary_merge", kind="module")
+@register("evolutionary_merge", claims="evolutionary_merge", kind="module")
 def evolve_merge(score: Callable[[torch.Tensor], float], theta0: torch.Tensor, taus: torch.Tensor,
                  layers: Sequence[slice], starts: Sequence, *, budget: int = 1000, sigma: float = 0.2,
                  bounds: tuple = (0.0, 2.0), dare: bool = False, max_dare: float = 0.9, dare_seed: int = 0,

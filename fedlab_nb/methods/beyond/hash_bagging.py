@@ -237,7 +237,7 @@ def pointwise_flippable(votes, num_classes: int, threat: Threat, time_limit: flo
     return out
 
 
-@register("hash_bagging", claims="hash_bagging", notebook="hash_bagging", kind="module")
+@register("hash_bagging", claims="hash_bagging", kind="module")
 def certify_bagging(votes, num_classes: int, threat: Threat, labels=None, time_limit: float = 30.0) -> dict:
     """Pointwise and collective certified counts at budget P. With `labels`, only correctly predicted points count
     (certified accuracy = count / T); otherwise all points (certified robustness)."""

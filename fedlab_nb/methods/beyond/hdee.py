@@ -240,7 +240,7 @@ def cached_log_prior(logp_dev: torch.Tensor, max_sequences: int = 100, decay: fl
     return torch.log_softmax(log_prior, 0)
 
 
-@register("hdee", claims="hdee", notebook="hdee", kind="module")
+@register("hdee", claims="hdee", kind="module")
 def ensemble_log_probs(logp: torch.Tensor, rule: str, log_prior: torch.Tensor | None = None) -> torch.Tensor:
     """The ensemble's log-probability of each observed token, [n, T], from the experts' [E, n, T]:
     simple_avg → mean_e log p_e (a geometric mean, unnormalised, as in the repo); uniform_prior / cached_prior →

@@ -77,7 +77,7 @@ def upgrad_weights(J: Tensor, pref: Tensor | None = None, *, norm_eps: float = 0
     return torch.as_tensor(W.sum(0), dtype=J.dtype, device=J.device)
 
 
-@register("jacobian_descent", claims="jacobian_descent", notebook="jacobian_descent", kind="module")
+@register("jacobian_descent", claims="jacobian_descent", kind="module")
 def upgrad(J: Tensor, pref: Tensor | None = None, *, norm_eps: float = 0.0, reg_eps: float = 0.0) -> Tensor:
     """UPGrad: the mean of the projections of the rows of J onto their dual cone {x : Jx ≥ 0}, as Jᵀw."""
     return J.T @ upgrad_weights(J, pref, norm_eps=norm_eps, reg_eps=reg_eps)

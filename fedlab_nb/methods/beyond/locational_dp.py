@@ -68,7 +68,7 @@ def max_log_ratio(channel: np.ndarray) -> float:
     return float(np.max(logp.max(0) - logp.min(0)))
 
 
-@register("locational_dp", claims="locational_dp", notebook="locational_dp", kind="module")
+@register("locational_dp", claims="locational_dp", kind="module")
 def randomized_response(values, k: int, epsilon: float, rng: np.random.Generator) -> np.ndarray:
     """Each user's value in {0..k−1} is kept w.p. p, else replaced by one of the other k−1 values uniformly."""
     values = np.asarray(values)

@@ -138,7 +138,7 @@ def _reduce_from(big: GMM, start: GMM, max_iter: int, tol: float) -> tuple[GMM, 
     return red, costs[-1], costs
 
 
-@register("moe_reduction", claims="moe_reduction", notebook="moe_reduction", kind="module")
+@register("moe_reduction", claims="moe_reduction", kind="module")
 def reduce_gmm(locals_: list[GMM], sizes, max_iter: int = 100, tol: float = 1e-12) -> tuple[GMM, dict]:
     """The reduction estimator of M local K-component GMMs: MM on the transportation divergence (KL cost),
     started from each local estimate in turn, the lowest final cost kept. Returns (reduced GMM in canonical

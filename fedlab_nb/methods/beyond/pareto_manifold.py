@@ -166,7 +166,7 @@ def _dirichlet(rng: np.random.Generator, p: float, n_tasks: int) -> Tensor:
     return torch.as_tensor(g / g.sum(), dtype=torch.float32)
 
 
-@register("pamal", claims="pareto_manifold", notebook="pareto_manifold", kind="module")
+@register("pamal", claims="pareto_manifold", kind="module")
 def pamal_train(model: torch.nn.Module, members: Tensor, x: Tensor, Y: Tensor, *, epochs: int = 10,
                 lr: float = 1e-3, batch_size: int = 256, p: float = 1.0, num: int = 2, reg_coefficient: float = 5.0,
                 temperature: float = 1.0, order: str = "violations", seed: int = 0) -> Tensor:

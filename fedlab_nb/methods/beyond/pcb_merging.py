@@ -76,7 +76,7 @@ def pcb_weights(scores: torch.Tensor, ratio: float) -> torch.Tensor:
     return _minmax(_clamp_order_stats(scores, 1 - ratio, 0.0))
 
 
-@register("pcb_merging", claims="pcb_merging", notebook="pcb_merging", kind="module")
+@register("pcb_merging", claims="pcb_merging", kind="module")
 def pcb_merge(taus, ratio: float = 0.1, clip_quantile: float = CLIP_QUANTILE) -> torch.Tensor:
     """The PCB-merged task vector τ* = Σ_i w_i ⊙ τ̃_i / Σ_i w_i [d] of the task vectors [n, d]; θ₀ + λτ* is the
     merged model (`pcb_model`). `ratio` r: the share of each task's coordinates kept (the code's `pcb_ratio`)."""

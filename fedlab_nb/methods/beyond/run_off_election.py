@@ -210,7 +210,7 @@ def certified_area(pred, cert, y) -> float:
     return float(ok.mean())
 
 
-@register("roe", claims="run_off_election", notebook="run_off_election", kind="module")
+@register("roe", claims="run_off_election", kind="module")
 def dpa_and_roe(scores) -> dict:
     """Both defences from the base models' scores [n, k, C]: predictions and certificates of DPA and DPA+ROE."""
     scores = np.asarray(scores)

@@ -100,7 +100,7 @@ def flat_importance(proposal_draws: np.ndarray, log_others: Callable[[np.ndarray
 
 
 # --- the tree-SMC analogue -------------------------------------------------------------------------
-@register("smc_fusion", claims="smc_fusion", notebook="smc_fusion", kind="module")
+@register("smc_fusion", claims="smc_fusion", kind="module")
 def tree_smc(leaf_draws: Sequence[np.ndarray], log_group: Callable[[tuple, np.ndarray], np.ndarray],
              rng: np.random.Generator, n_moves: int = 5, n_particles: int | None = None,
              ess_fraction: float = 0.5) -> tuple[np.ndarray, list]:

@@ -99,7 +99,7 @@ def _batches(n: int, batch_size: int, iterations: int, g: torch.Generator):
             yield idx
 
 
-@register("wakd", claims="wakd", notebook="wakd", kind="module")
+@register("wakd", claims="wakd", kind="module")
 def train_student(model: torch.nn.Module, theta: torch.Tensor | None, x: torch.Tensor, targets: torch.Tensor, *,
                   val: tuple, iterations: int = 3000, avg_start: int = 300, eval_every: int = 100,
                   lr: float = 1e-3, batch_size: int = 64, temperature: float = 5.0, seed: int = 0,

@@ -49,7 +49,7 @@ def multicolor_digits(x: torch.Tensor, y: torch.Tensor, *, informative: Sequence
 
 
 # --- WiSE-FT: the α sweep and the FFT / TTF counts -----------------------------------------------------------
-@register("wise_ft", claims="wise_ft", notebook="wise_ft", kind="module")
+@register("wise_ft", claims="wise_ft", kind="module")
 def wise_ft_curve(model: torch.nn.Module, theta0: torch.Tensor, theta1: torch.Tensor, x: torch.Tensor,
                   y: torch.Tensor, alphas: Sequence[float] = ALPHAS) -> list[float]:
     """Accuracy on (x, y) of θ(α) = (1 − α)θ₀ + αθ₁ for each α (WiSE-FT's weight-space ensemble)."""
@@ -101,7 +101,7 @@ def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     return -(targets * torch.log_softmax(logits, -1)).sum(-1).mean()
 
 
-@register("bang", claims="wise_ft", notebook="wise_ft", kind="module")
+@register("bang", claims="wise_ft", kind="module")
 def bang_finetune(model: torch.nn.Module, theta0: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                   *, epochs: int, lr: float, batch_size: int, beta: float = 0.2, smoothing: float = 0.1,
                   seed: int = 0) -> torch.Tensor:

@@ -208,7 +208,7 @@ class QuadraticNodes:
         return torch.linalg.solve(lhs, ainv_b.T @ self.C.mean(0))
 
 
-@register("dsbo", claims="dsbo", notebook="dsbo", kind="module")
+@register("dsbo", claims="dsbo", kind="module")
 def run_quadratic(problem: QuadraticNodes, w, config: DSBOConfig = DSBOConfig(), seed: int = 0,
                   deterministic: bool = False, every: int = 10) -> dict:
     """DSBO on a QuadraticNodes problem, logging ‖∇F(x̄)‖, ‖x̄ − x*‖ and the consensus errors every `every` steps."""

@@ -209,7 +209,7 @@ def _leading(data) -> int:
     return (data[0] if isinstance(data, tuple) else data).shape[0]
 
 
-@register("fedmbo", claims="fedmbo", notebook="fedmbo", kind="module")
+@register("fedmbo", claims="fedmbo", kind="module")
 def run_quadratic(problem: QuadraticNodes, config: FedMBOConfig = FedMBOConfig(), seed: int = 0,
                   every: int = 1) -> dict:
     """FedMBO on a QuadraticNodes problem (clients = nodes), logging the exact ‖∇F(x_k)‖² every `every` rounds."""

@@ -76,7 +76,7 @@ def truncation_path(f: Objective, g: Objective, x: torch.Tensor, y0: torch.Tenso
     return backprop_path(f, g, x, y_final, stored, lr)
 
 
-@register("hypergradients", claims="hypergradients", notebook="hypergradients", kind="module")
+@register("hypergradients", claims="hypergradients", kind="module")
 def truncated_hypergradient(f: Objective, g: Objective, x: torch.Tensor, y0: torch.Tensor, *, lr: float,
                             steps: int, keep: int) -> torch.Tensor:
     """K-step truncated back-propagation (K = `keep`) through `steps` = T inner GD steps from y0.

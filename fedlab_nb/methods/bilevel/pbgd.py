@@ -39,7 +39,7 @@ def penalty_gradients(f: Objective, g: Objective, x, y, omega, gamma: float):
     return fx + gamma * (gx - grad_x(g, x, omega)), fy + gamma * gy
 
 
-@register("pbgd", claims="pbgd", notebook="pbgd", kind="module")
+@register("pbgd", claims="pbgd", kind="module")
 def pbgd(f: Objective, g: Objective, x0: torch.Tensor, y0: torch.Tensor, *, gamma: float, lr: float, steps: int,
          inner_lr: float, inner_steps: int, lr_x: float | None = None, project_x: Callable | None = None,
          project_y: Callable | None = None, record_every: int = 0) -> PBGDResult:

@@ -31,7 +31,7 @@ class BLORun:
     outer: list = field(default_factory=list)   # f(x_k, y_k) after each outer step's inner loop
 
 
-@register("warm_cold_start", claims="warm_cold_start", notebook="warm_cold_start", kind="module")
+@register("warm_cold_start", claims="warm_cold_start", kind="module")
 def bilevel_descent(f: Objective, g: Objective, x0: torch.Tensor, y0: torch.Tensor, *, warm: bool,
                     outer_steps: int, outer_lr: float, inner_steps: int, inner_lr,
                     keep: int | None = None) -> BLORun:

@@ -391,39 +391,39 @@ def _fedavg(name: str, transform: Transform, server_lr: float = 1.0) -> Method:
                   uplink=(transform,))
 
 
-@register("topk_fedavg", claims="compression", notebook="compression")
+@register("topk_fedavg", claims="compression")
 def topk_fedavg(k: float = 0.01, error_feedback: bool = True, server_lr: float = 1.0) -> Method:
     """FedAvg sending the top-k entries of Δ_k (+ memory) — Stich et al. 2018."""
     return _fedavg("topk_fedavg" + ("" if error_feedback else "_noef"), Compress(TopK(k), error_feedback), server_lr)
 
 
-@register("randk_fedavg", claims="compression", notebook="compression")
+@register("randk_fedavg", claims="compression")
 def randk_fedavg(k: float = 0.01, error_feedback: bool = True, server_lr: float = 1.0) -> Method:
     """FedAvg sending k random entries of Δ_k (+ memory) — Stich et al. 2018."""
     return _fedavg("randk_fedavg" + ("" if error_feedback else "_noef"), Compress(RandK(k), error_feedback), server_lr)
 
 
-@register("qsgd_fedavg", claims="compression", notebook="compression")
+@register("qsgd_fedavg", claims="compression")
 def qsgd_fedavg(s: int = 4, bucket_size: int | None = 512, server_lr: float = 1.0) -> Method:
     """FedAvg with QSGD-quantised updates (unbiased, so no error feedback) — Alistarh et al. 2017."""
     return _fedavg("qsgd_fedavg", Compress(QSGD(s, bucket_size), error_feedback=False), server_lr)
 
 
-@register("signsgd_mv", claims="compression", notebook="compression")
+@register("signsgd_mv", claims="compression")
 def signsgd_mv(server_lr: float = 0.01) -> Method:
     """signSGD with majority vote: clients send sign(Δ_k) (1 bit an entry), θ ← θ + η sign(Σ_k sign(Δ_k))."""
     return Method("signsgd_mv", LocalObjective(), UniformWeighting(), majority_vote, ServerSGD(lr=server_lr),
                   uplink=(Compress(Sign(scaled=False), error_feedback=False),))
 
 
-@register("ef_signsgd", claims="compression", notebook="compression")
+@register("ef_signsgd", claims="compression")
 def ef_signsgd(error_feedback: bool = True, server_lr: float = 1.0) -> Method:
     """EF-signSGD: clients send (‖p‖₁/d)·sign(p), p = Δ_k + e_k, keep e_k; the server averages (Karimireddy et al.)."""
     name = "ef_signsgd" if error_feedback else "scaled_signsgd"
     return _fedavg(name, Compress(Sign(scaled=True), error_feedback), server_lr)
 
 
-@register("powersgd_fedavg", claims="compression", notebook="compression")
+@register("powersgd_fedavg", claims="compression")
 def powersgd_fedavg(rank: int = 2, shapes=None, error_feedback: bool = True, server_lr: float = 1.0) -> Method:
     """FedAvg with rank-r PowerSGD updates (warm-started Q and error feedback per client) — Vogels et al. 2019.
     Pass `shapes=param_shapes(model)` to compress each weight matrix (default: the flat update as one matrix)."""
@@ -431,7 +431,7 @@ def powersgd_fedavg(rank: int = 2, shapes=None, error_feedback: bool = True, ser
 
 
 # --- the communication chapter: accuracy against measured bytes -----------------------------------------
-@register("communication", claims="communication", notebook="communication", kind="module")
+@register("communication", claims="communication", kind="module")
 def accuracy_at_budget(hist, budget: float, column: str = "test_acc") -> float:
     """`column` after the last round whose cumulative measured `bytes_up` is ≤ `budget` bytes (NaN if even the
     first round's upload exceeds it) — one point of an accuracy-vs-bytes comparison at equal communication."""

@@ -201,14 +201,14 @@ def count_params(model: nn.Module) -> int:
 # Methods (run them with a FactorMLP: simulate(get_method("pfedpara"), fed, model=fedpara_mlp(fed, kind="pfedpara")))
 
 
-@register("fedpara", claims="fedpara", notebook="fedpara")
+@register("fedpara", claims="fedpara")
 def fedpara(server_lr: float = 1.0):
     """FedPara's training is FedAvg on the factors: every parameter (X₁, Y₁, X₂, Y₂, biases) is sent and averaged.
     Pass a FedPara model (`fedpara_mlp(fed)`) to `simulate`; bytes_up are the factors' bytes."""
     return replace(fedavg(server_lr), name="fedpara")
 
 
-@register("pfedpara", claims="fedpara", notebook="fedpara")
+@register("pfedpara", claims="fedpara")
 def pfedpara(local=LOCAL_FACTORS, server_lr: float = 1.0):
     """pFedPara: FedAvg on the global factors X₁, Y₁ (and the biases and head); X₂, Y₂ (`local` patterns) are
     trained by each client and kept in its store. Needs a model with `personal=True` layers

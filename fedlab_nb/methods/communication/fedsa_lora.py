@@ -62,7 +62,7 @@ class FrozenBaseClient(ClientUpdate):
     local_buffers = True
 
 
-@register("fedsa_lora", claims="fedsa_lora", notebook="fedsa_lora")
+@register("fedsa_lora", claims="fedsa_lora")
 def fedsa_lora(variant: str = "fedsa", optimizer=None, server_lr: float = 1.0) -> Method:
     """FedSA-LoRA (`variant="fedsa"`: A sent and averaged, B kept local) or one of its comparisons
     ("share_b", "share_both", "local_only") for a LoRA model built by `fedlab_nb.lora.add_lora`.

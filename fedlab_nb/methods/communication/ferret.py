@@ -180,7 +180,7 @@ class FerretReconstruct:
         return reconstruct(weighted_mean(coefs, weights.to(coefs.dtype)), V), state
 
 
-@register("ferret", claims="ferret", notebook="ferret")
+@register("ferret", claims="ferret")
 def ferret(K: int = 64, blocks=None, estimator: str = "unbiased", key: int = 0, fixed_seeds: bool = False,
            server_lr: float = 1.0) -> Method:
     """Ferret: local first-order SGD on all parameters, K shared-seed coefficients up, server reconstruction.

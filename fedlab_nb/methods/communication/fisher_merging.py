@@ -87,7 +87,7 @@ def fisher_merging_method(kind: str = "exact", n_fisher: int | None = 200, floor
                   ServerAssign(), client=FisherClient(kind, n_fisher), aggregate_key="model")
 
 
-@register("fisher_merging", claims="fisher_merging", notebook="fisher_merging", kind="module")
+@register("fisher_merging", claims="fisher_merging", kind="module")
 def fisher_merging(fed, model, *, local_epochs: int = 20, lr: float = 0.05, batch_size: int = 32, seed: int = 0,
                    kind: str = "exact", n_fisher: int | None = 200, floor: float = FISHER_FLOOR,
                    normalize: bool = False, **simulate_kwargs):

@@ -167,7 +167,7 @@ class TreeAggregator:
         return out
 
 
-@register("hierarchical", claims="hierarchical_aggregation", notebook="hierarchical_aggregation")
+@register("hierarchical", claims="hierarchical_aggregation")
 def hierarchical(base: str = "fedavg", fan_out: int | tuple = 4, leaves: int | None = None, **base_kwargs) -> Method:
     """Any registered weighted-mean method (FedAvg, FedProx, FedAvgM, ...) with its flat weighted mean
     replaced by tree aggregation; e.g. `hierarchical("fedprox", fan_out=8, mu=0.01)`."""

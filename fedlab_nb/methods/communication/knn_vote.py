@@ -132,7 +132,7 @@ class VoteResult:
     bytes_up: int             # total bytes the M clients upload
 
 
-@register("knn_vote", claims="knn_vote", notebook="knn_vote", kind="module")
+@register("knn_vote", claims="knn_vote", kind="module")
 def distributed_1nn(x_train: torch.Tensor, y_train: torch.Tensor, x_query: torch.Tensor, M: int,
                     num_classes: int, generator: torch.Generator | None = None, rule: str = "majority",
                     select_ratio: float = DEFAULT_SELECT_RATIO, train_dist: torch.Tensor | None = None) -> VoteResult:

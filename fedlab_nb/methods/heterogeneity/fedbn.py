@@ -23,7 +23,7 @@ class FedBNClient(ClientUpdate):
     local_buffers = True
 
 
-@register("fedbn", claims="fedbn", notebook="fedbn")
+@register("fedbn", claims="fedbn")
 def fedbn(bn=("*bn*",), server_lr: float = 1.0) -> Method:
     """`bn`: glob patterns of the BatchNorm parameters kept local (default: every tensor of a module named *bn*)."""
     return Method("fedbn", LocalObjective(), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr),

@@ -59,7 +59,7 @@ class FedDynAggregate:
         return deltas.mean(0) - h / self.alpha, {"h": h}
 
 
-@register("feddyn", claims="moon_feddyn", notebook="moon_feddyn")
+@register("feddyn", claims="moon_feddyn")
 def feddyn(alpha: float = 0.01) -> Method:
     if not alpha > 0:
         raise ValueError(f"FedDyn's alpha (α) must be > 0, got {alpha}")

@@ -270,7 +270,7 @@ def _plain_host(host) -> Method:
     return host
 
 
-@register("fedftg", claims="fedftg", notebook="fedftg", kind="method")
+@register("fedftg", claims="fedftg", kind="method")
 def fedftg(host="fedavg", *, model: nn.Module, fed=None, counts=None, **options) -> Method:
     """The host method (`"fedavg"`, `"fedprox"` or a Method with a plain rule and server lr 1) with FedFTG's
     server fine-tuning after each aggregation. `model`: the run's architecture (pass the same module to

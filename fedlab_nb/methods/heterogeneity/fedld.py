@@ -123,7 +123,7 @@ class PrincipalGradientRule:
         return torch.cat(parts), state
 
 
-@register("fedld", claims="fedld", notebook="fedld", kind="method")
+@register("fedld", claims="fedld", kind="method")
 def fedld(model: torch.nn.Module, lam: float = 0.1, k_proportion: float = 0.8, margin: bool = True,
           principal: bool = True, server_lr: float = 1.0, momentum: float = 0.5,
           weight_decay: float = 5e-4) -> Method:

@@ -17,7 +17,7 @@ def step_normalisation(deltas: torch.Tensor, weights: torch.Tensor, steps: torch
     return deltas / steps[:, None], float(p @ steps)
 
 
-@register("fednova", claims="baselines", notebook="baselines")
+@register("fednova", claims="baselines")
 def fednova(server_lr: float = 1.0) -> Method:
     return Method("fednova", LocalObjective(), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr),
                   normalisation=step_normalisation)

@@ -53,7 +53,7 @@ def _fedopt(kind: str, server_lr: float, beta1: float, beta2: float, tau: float)
                   ServerAdaptive(kind, server_lr, beta1, beta2, tau))
 
 
-@register("fedadam", claims="baselines", notebook="baselines")
+@register("fedadam", claims="baselines")
 def fedadam(server_lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> Method:
     return _fedopt("adam", server_lr, beta1, beta2, tau)
 

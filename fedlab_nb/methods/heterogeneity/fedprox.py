@@ -22,6 +22,6 @@ class ProximalObjective(LocalObjective):
         return self.mu * (w - anchor)
 
 
-@register("fedprox", claims="baselines", notebook="baselines")
+@register("fedprox", claims="baselines")
 def fedprox(mu: float = 0.01, server_lr: float = 1.0) -> Method:
     return Method("fedprox", ProximalObjective(mu), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr))

@@ -56,7 +56,7 @@ class ModelContrastiveObjective(LocalObjective):
         return {}, {"prev": down["theta"] + deltas, "has_prev": torch.ones_like(cstate["has_prev"])}
 
 
-@register("moon", claims="moon_feddyn", notebook="moon_feddyn")
+@register("moon", claims="moon_feddyn")
 def moon(mu: float = 1.0, tau: float = 0.5, server_lr: float = 1.0) -> Method:
     if mu < 0 or not tau > 0:
         raise ValueError(f"MOON needs mu (μ) >= 0 and tau (τ) > 0, got mu={mu}, tau={tau}")

@@ -65,7 +65,7 @@ class QFFLRule:
         return qffl_step(deltas, info.messages["loss"], self.q, lipschitz), state
 
 
-@register("qffl", claims="natural_partitions", notebook="natural_partitions")
+@register("qffl", claims="natural_partitions")
 def qffl(q: float = 1.0, lipschitz: float | None = None) -> Method:
     """q-FedAvg: q = 0 is FedAvg with uniform weights; larger q, fairer accuracy across clients."""
     if isinstance(q, bool) or not isinstance(q, (int, float)) or q < 0:

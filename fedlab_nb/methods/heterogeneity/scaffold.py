@@ -43,6 +43,6 @@ class ControlVariateObjective(LocalObjective):
         return {"c": c}
 
 
-@register("scaffold", claims="baselines", notebook="baselines")
+@register("scaffold", claims="baselines")
 def scaffold(server_lr: float = 1.0) -> Method:
     return Method("scaffold", ControlVariateObjective(), UniformWeighting(), weighted_mean, ServerSGD(lr=server_lr))

@@ -183,7 +183,7 @@ class KeyMatchingObjective(LocalObjective):
         return self.key_weight * model.matching_loss(x, params["keys"])
 
 
-@register("fedins", claims="fedins", notebook="fedins", kind="method")
+@register("fedins", claims="fedins", kind="method")
 def fedins(key_weight: float = KEY_LAMBDA, server_lr: float = 1.0) -> Method:
     """FedIns on an `SSFPoolMLP`: clients train the SSF pools, heads and keys (CE + λ · key matching); the
     server averages every entry and key with uniform client weights (the official `communication`)."""

@@ -198,7 +198,7 @@ class FedKAServer:
         return {k: float(v) for k, v in state.items() if k.startswith("vote_")}
 
 
-@register("fedka", claims="fedka", notebook="fedka", kind="method")
+@register("fedka", claims="fedka", kind="method")
 def fedka(model: torch.nn.Module, x_target: torch.Tensor, num_classes: int, *, mmd: bool = True, voting: bool = True,
           mmd_weight: float = 0.1, threshold: float = 0.0, rounds: int = 30, n_embed: int = 128, finetune_epochs: int = 1,
           finetune_lr: float = 0.05, batch_size: int = 32, restart_from_average: bool = True,

@@ -233,7 +233,7 @@ def _check(name, value, low, high=None, strict_low=False):
                          + f", got {value!r}")
 
 
-@register("fedlabel", claims="fedlabel", notebook="fedlabel", kind="method")
+@register("fedlabel", claims="fedlabel", kind="method")
 def fedlabel(tau: float = 0.95, unsup_weight: float = 1.0, consistency: float = 1.0, mu: int = 3,
              selection: str = "select", max_shift: int = 1, noise_std: float = 0.1, erase_scale=(0.1, 0.3),
              server_lr: float = 1.0, probe: dict | None = None) -> Method:

@@ -409,7 +409,7 @@ VARIANTS = {"baseline": (False, False), "suppress": (True, False), "calibrate": 
             "fedossl": (True, True)}
 
 
-@register("fedossl", claims="fedossl", notebook="fedossl", kind="module")
+@register("fedossl", claims="fedossl", kind="module")
 def fedossl(variant: str = "fedossl", **overrides) -> FedoSSLConfig:
     """The FedoSSL client/server configuration: `variant` "fedossl" (both additions), "suppress",
     "calibrate" or "baseline" (ORCA-style FedAvg); other fields of FedoSSLConfig by keyword."""

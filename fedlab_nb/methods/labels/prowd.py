@@ -183,7 +183,7 @@ def deployed_accuracy(model: torch.nn.Module, theta: torch.Tensor, x: torch.Tens
     return {int(b): evaluate(model, quantize_flat(theta, spec, int(b)), x, y)[1] for b in widths}
 
 
-@register("prowd", claims="prowd", notebook="prowd", kind="method")
+@register("prowd", claims="prowd", kind="method")
 def prowd(model: torch.nn.Module, bits, aggregator: str = "prowd_lite", stochastic: bool = False,
           server_lr: float = 1.0) -> Method:
     """Bit-width heterogeneous FedAvg: `bits[k]` is client k's bit-width (`bit_widths(K)`); `aggregator` "naive"

@@ -50,7 +50,7 @@ def disparities(p_zsy) -> dict:
             "redundant": pid["redundant"], "masked": pid["synergistic"], "unique_s": pid["unique_b"]}
 
 
-@register("aglfop", claims="aglfop", notebook="aglfop", kind="module")
+@register("aglfop", claims="aglfop", kind="module")
 def audit(y_pred, z, clients, y_true=None) -> dict:
     """Fairness audit of a federated model's hard predictions: the group-fairness gaps (global and per
     client) of fedlab_nb.methods.more.fairness.fairness_report, and the information view with its PID atoms."""

@@ -132,7 +132,7 @@ def worker_means(points: Tensor, radius: float) -> Tensor:
     return clipped.reshape(n, m, d).mean(dim=1)
 
 
-@register("dp_robust", claims="dp_robust", notebook="dp_robust", kind="module")
+@register("dp_robust", claims="dp_robust", kind="module")
 def private_robust_mean(points: Tensor, f: int, *, epsilon: float, delta: float, radius: float,
                         attack: str = "alie", rule: str = "smea", byzantine: Tensor | None = None,
                         generator: torch.Generator | None = None, **attack_hyper) -> dict:

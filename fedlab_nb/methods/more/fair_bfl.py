@@ -183,7 +183,7 @@ class FairBFLRule:
         return per_client_columns(bfl_score=state["score"], bfl_reward=state["reward"], bfl_shapley=state["shapley"])
 
 
-@register("fair_bfl", claims="fair_bfl", notebook="fair_bfl", kind="module")
+@register("fair_bfl", claims="fair_bfl", kind="module")
 def fair_bfl(budget: float = 1.0, model: torch.nn.Module | None = None, val: tuple | None = None,
              shapley_every: int = 1, discard_below: float | None = None, leave_one_out: bool = True) -> Method:
     """FedAvg's local training and size weights, aggregated by `FairBFLRule` (scores, rewards, ledger, Shapley)."""

@@ -58,7 +58,7 @@ class FALClient(ClientUpdate):
         return {"delta": torch.stack(out)}, cstate, torch.stack(losses)
 
 
-@register("fal", claims="fal", notebook="fal", kind="module")
+@register("fal", claims="fal", kind="module")
 def fal(eps: float = 0.1, alpha: float | None = None, steps: int = 5, norm: str = "linf",
         server_lr: float = 1.0) -> Method:
     """`eps`: the radius ρ of the perturbation ball (0 = FedAvg); `alpha`: the PGD step (None: ρ/4);

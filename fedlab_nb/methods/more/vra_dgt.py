@@ -136,7 +136,7 @@ def _check(w, channel, sigma, steps, runs, batch, p):
 
 
 # --- the algorithm ------------------------------------------------------------------------------------
-@register("vra_dgt", claims="vra_dgt", notebook="vra_dgt", kind="module")
+@register("vra_dgt", claims="vra_dgt", kind="module")
 def gradient_tracking(p: Problem, w, steps: int, alpha, gamma=1.0, *, channel: str = "exact",
                       sigma: float = 0.0, runs: int = 1, seed: int = 0, batch: int | None = None,
                       x_star: torch.Tensor | None = None, record_every: int = 1, x0: torch.Tensor | None = None):

@@ -81,7 +81,7 @@ class APFLClient(ClientUpdate):
         return mixture(cstate["v"], theta, cstate["alpha"].unsqueeze(1))
 
 
-@register("apfl", claims="apfl", notebook="apfl")
+@register("apfl", claims="apfl")
 def apfl(alpha: float = 0.5, adaptive: bool = True, alpha_lr: float | None = None, server_lr: float = 1.0,
          trace: list | None = None) -> Method:
     """`alpha`: α_k⁰ (the fixed α when `adaptive=False`); `alpha_lr`: η_α (None: the client lr)."""

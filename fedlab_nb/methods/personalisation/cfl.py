@@ -100,7 +100,7 @@ class CFLClient(ClientUpdate):
         return None if down is None else down["models"][down["assign"].to(down["models"].device)]
 
 
-@register("cfl", claims="clustered_fl", notebook="clustered_fl")
+@register("cfl", claims="clustered_fl")
 def cfl(eps1: float = 0.4, eps2: float = 1.6, warmup: int = 20, max_clusters: int | None = None) -> Method:
     if not eps1 > 0 or eps2 < 0 or warmup < 0:
         raise ValueError(f"CFL needs eps1 (ε₁) > 0, eps2 (ε₂) >= 0 and warmup >= 0; got {eps1}, {eps2}, {warmup}")

@@ -43,7 +43,7 @@ class DittoClient(ClientUpdate):
         return cstate["v"]
 
 
-@register("ditto", claims="personalisation_baselines", notebook="personalisation_baselines")
+@register("ditto", claims="personalisation_baselines")
 def ditto(lam: float = 0.1, personal_steps: int | None = None, server_lr: float = 1.0) -> Method:
     if lam < 0:
         raise ValueError(f"Ditto's lam (λ) must be >= 0 (0 = local training only), got {lam}")

@@ -72,7 +72,7 @@ class FedPubConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
 
 
-@register("fed_pub", claims="fed_pub", notebook="fed_pub", kind="method")
+@register("fed_pub", claims="fed_pub", kind="method")
 def fed_pub(**overrides) -> FedPubConfig:
     """FED-PUB with the official defaults (τ = 10, λ₁ = λ₂ = 1e-3, masks of ones, Adam 1e-2); run it with
     `run_subgraph_fl(fed_pub(), data, rounds)`."""

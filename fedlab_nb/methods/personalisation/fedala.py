@@ -100,7 +100,7 @@ class FedALAClient(ClientUpdate):
         return cstate["model"]
 
 
-@register("fedala", claims="personalisation_more", notebook="personalisation_more")
+@register("fedala", claims="personalisation_more")
 def fedala(eta: float = 1.0, rand_percent: int = 80, layer_idx: int = 2, threshold: float = 0.1,
            max_epochs: int = 100, server_lr: float = 1.0) -> Method:
     """Defaults η = 1, s = 80%, p = 2 (the last layer's weight and bias), threshold 0.1: the official code's (system/main.py)."""

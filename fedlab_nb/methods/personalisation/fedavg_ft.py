@@ -63,7 +63,7 @@ def check_finetune(steps, epochs):
         raise ValueError(f"fine-tuning epochs must be an int >= 1, got {epochs!r}")
 
 
-@register("fedavg_ft", claims="personalisation_baselines", notebook="personalisation_baselines")
+@register("fedavg_ft", claims="personalisation_baselines")
 def fedavg_ft(steps: int = 5, epochs: int | None = None, server_lr: float = 1.0) -> Method:
     """`steps`: k local SGD steps of fine-tuning before evaluation (`epochs`: passes instead)."""
     check_finetune(steps, epochs)

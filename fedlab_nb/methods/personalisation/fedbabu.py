@@ -15,7 +15,7 @@ from .fedavg_ft import FineTuneClient, check_finetune
 from ..heads import BODY, HEAD, HeadSplit, as_patterns
 
 
-@register("fedbabu", claims="personalisation_baselines", notebook="personalisation_baselines")
+@register("fedbabu", claims="personalisation_baselines")
 def fedbabu(head=None, epochs: int | None = 5, steps: int | None = None, finetune: str = "full",
             server_lr: float = 1.0) -> Method:
     """`head`: glob patterns of the classifier (None: the last layer); fine-tuning `epochs` (or `steps`);

@@ -162,7 +162,7 @@ class FedFomoClient(ClientUpdate):
         return cstate["model"]
 
 
-@register("fedfomo", claims="personalisation_more", notebook="personalisation_more")
+@register("fedfomo", claims="personalisation_more")
 def fedfomo(n_models: int = 8, epsilon: float = 0.3, epsilon_decay: float = 0.05, val_fraction: float = 0.2,
             norm: str = "l1") -> Method:
     """`n_models`: M models downloaded per round; ε-greedy with ε − round·decay; `val_fraction` of each

@@ -189,7 +189,7 @@ class FedLoGeClient(ClientUpdate):
         return W
 
 
-@register("fedloge", claims="fedloge", notebook="fedloge")
+@register("fedloge", claims="fedloge")
 def fedloge(sparsity: float = 0.6, etf_steps: int = 10_000, mask_absent: bool = True, server_lr: float = 1.0,
             etf_norm: float = 0.1) -> Method:
     """FedLoGe: backbone trained against the static (sparse) ETF, global head averaged, local heads kept;

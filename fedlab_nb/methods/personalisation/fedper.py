@@ -11,7 +11,7 @@ from ...core.method import DataSizeWeighting, LocalObjective, Method, ServerSGD,
 from ..heads import HEAD, HeadSplit, as_patterns
 
 
-@register("fedper", claims="personalisation_baselines", notebook="personalisation_baselines")
+@register("fedper", claims="personalisation_baselines")
 def fedper(head=None, server_lr: float = 1.0) -> Method:
     """`head`: glob patterns of the personalisation layers (None: the model's last layer)."""
     return Method("fedper", LocalObjective(), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr),

@@ -104,7 +104,7 @@ class FedProtoClient(ClientUpdate):
         return cstate["model"]
 
 
-@register("fedproto", claims="personalisation_more", notebook="personalisation_more")
+@register("fedproto", claims="personalisation_more")
 def fedproto(lam: float = 1.0) -> Method:
     if lam < 0:
         raise ValueError(f"FedProto's lam (λ) must be >= 0, got {lam}")

@@ -40,7 +40,7 @@ class FedRepClient(ClientUpdate):
         return super().finish({"w": done["body"]}, theta, down, cstate, steps, lr, method, groups)
 
 
-@register("fedrep", claims="personalisation_baselines", notebook="personalisation_baselines")
+@register("fedrep", claims="personalisation_baselines")
 def fedrep(head=None, head_epochs: int | None = 10, body_epochs: int | None = 1, server_lr: float = 1.0) -> Method:
     """`head`: glob patterns of the local head (None: the model's last layer)."""
     for name, e in (("head_epochs", head_epochs), ("body_epochs", body_epochs)):

@@ -126,7 +126,7 @@ class FedRoDClient(ClientUpdate):
         return W
 
 
-@register("fedrod", claims="personalisation_more", notebook="personalisation_more")
+@register("fedrod", claims="personalisation_more")
 def fedrod(server_lr: float = 1.0) -> Method:
     """FedRoD with a linear personalised head (the model's last layer); the client optimiser is the run's."""
     return Method("fedrod", LocalObjective(), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr),

@@ -224,7 +224,7 @@ def personal_fraction(mask: torch.Tensor, spec) -> dict:
     return out
 
 
-@register("fedselect", claims="fedselect", notebook="fedselect")
+@register("fedselect", claims="fedselect")
 def fedselect(rate: float = 0.25, limit: float = 0.8, every: int = 3, eligible=("*weight",),
               weighting: str = "uniform", evaluate: str = "trained") -> Method:
     """`rate` p: fraction of the still-global coordinates of a layer made personal per growth step; `limit` α:

@@ -121,7 +121,7 @@ class OrthogonalServerSGD(ServerSGD):
         return {"fot_residual": float(state["residual"])}
 
 
-@register("fot", claims="fot", notebook="fot")
+@register("fot", claims="fot")
 def fot(bases: LayerBases | None = None, server_lr: float = 1.0) -> Method:
     """FedAvg clients and weighting; the server projects the aggregate orthogonally to `bases` (the old
     tasks' subspaces; None on the first task, where FOT is FedAvg). Run a task sequence with `run_continual`."""

@@ -174,7 +174,7 @@ def other_prototypes(stats: list[ClassStats], k: int) -> list[torch.Tensor]:
     return out
 
 
-@register("ggeur", claims="ggeur", notebook="ggeur", kind="module")
+@register("ggeur", claims="ggeur", kind="module")
 def ggeur(client_data, num_classes: int, target_per_class: int = 200, seed: int = 0, multi_domain: bool = False,
           amplify_top: int | None = None, amplify_max: float = 5.0):
     """The whole method on a list of clients' (embeddings, labels): statistics up, pooled shapes down,

@@ -89,7 +89,7 @@ def assignments(loss_fn, models: torch.Tensor, fed) -> np.ndarray:
     return np.array([choose_cluster(loss_fn, models, x, y) for x, y in fed.client_train])
 
 
-@register("ifca", claims="clustered_fl", notebook="clustered_fl")
+@register("ifca", claims="clustered_fl")
 def ifca(k: int = 2, init_noise: float = 0.1, init_seed: int = 0, init_models: torch.Tensor | None = None) -> Method:
     if init_models is not None:
         k = len(init_models)

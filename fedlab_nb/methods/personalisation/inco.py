@@ -99,7 +99,7 @@ def with_inco(method: Method, layout: DepthLayout, beta_max: float = 5.0, clip: 
     return replace(method, name=f"inco-{method.name}", server_opt=step)
 
 
-@register("inco", claims="inco", notebook="inco")
+@register("inco", claims="inco")
 def inco(net: ResidualMLP, depths=None, base: str | Method = "fedavg", n_clients: int = 10, levels=(2, 3, 4),
          beta_max: float = 5.0, clip: float | None = 0.1, include_bias: bool = False, enabled: bool = True,
          **base_kw) -> Method:

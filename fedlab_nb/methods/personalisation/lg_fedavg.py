@@ -14,7 +14,7 @@ from ...core.method import DataSizeWeighting, LocalObjective, Method, ServerSGD,
 from ..heads import BODY, HeadSplit, as_patterns
 
 
-@register("lg_fedavg", claims="personalisation_baselines", notebook="personalisation_baselines")
+@register("lg_fedavg", claims="personalisation_baselines")
 def lg_fedavg(head=None, server_lr: float = 1.0) -> Method:
     """`head`: glob patterns of the shared (global) top layers (None: the model's last layer)."""
     return Method("lg_fedavg", LocalObjective(), DataSizeWeighting(), weighted_mean, ServerSGD(lr=server_lr),

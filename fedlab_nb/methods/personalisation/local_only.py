@@ -12,7 +12,7 @@ from ...core.method import DataSizeWeighting, LocalObjective, Method, ServerKeep
 from ...core.registry import register
 
 
-@register("local_only", claims="personalisation_baselines", notebook="personalisation_baselines")
+@register("local_only", claims="personalisation_baselines")
 def local_only() -> Method:
     """Every tensor kept local (`ParamGroups(local=["*"])`): trained from the stored copy, stored back, never sent."""
     return Method("local_only", LocalObjective(), DataSizeWeighting(), weighted_mean, ServerKeep(),

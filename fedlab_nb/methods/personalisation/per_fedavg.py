@@ -77,7 +77,7 @@ class PerFedAvgClient(ClientUpdate):
                             for x, y in setup.fed.client_train])
 
 
-@register("per_fedavg", claims="personalisation_baselines", notebook="personalisation_baselines")
+@register("per_fedavg", claims="personalisation_baselines")
 def per_fedavg(alpha: float = 0.01, variant: str = "fo", server_lr: float = 1.0) -> Method:
     """`alpha`: the adaptation step α (the run's `lr` is the meta step β); `variant`: "fo" or "hf"."""
     if variant not in ("fo", "hf"):

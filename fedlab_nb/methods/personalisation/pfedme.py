@@ -63,7 +63,7 @@ class PFedMeClient(ClientUpdate):
         return cstate["personal"]
 
 
-@register("pfedme", claims="personalisation_baselines", notebook="personalisation_baselines")
+@register("pfedme", claims="personalisation_baselines")
 def pfedme(lam: float = 15.0, personal_lr: float = 0.09, inner_steps: int = 5, beta: float = 1.0) -> Method:
     """Defaults: λ = 15, K = 5, η_p = 0.09, β = 1 — the official code's MNIST run (its results file
     `Mnist_pFedMe_0.005_1.0_15_..._5_0.09`); the client step size η is the run's `lr`."""

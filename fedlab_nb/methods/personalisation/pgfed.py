@@ -152,7 +152,7 @@ class PGFedClient(ClientUpdate):
         return cstate["v"]
 
 
-@register("pgfed", claims="pgfed", notebook="pgfed")
+@register("pgfed", claims="pgfed")
 def pgfed(mu: float = 0.1, lam: float = 0.01, beta: float = 0.0, a_grad: str = "mean") -> Method:
     """`mu`: weight of the other clients' approximated risks (0: no approximation term); `lam`: step size of
     the a_ij (the paper's η₂; the code's -lam); `beta`: PGFedMo's momentum on the auxiliary gradient (0:

@@ -180,7 +180,7 @@ class UncertaintyWeightedMean:
         return {"sigma0_sq": float(state["sigma0_sq"])}
 
 
-@register("self_fl", claims="self_fl", notebook="self_fl")
+@register("self_fl", claims="self_fl")
 def self_fl(server_lr: float = 1.0) -> Method:
     """Self-FL's learned version (no knobs: the local schedule and lr are the run's)."""
     if not server_lr > 0:

@@ -126,7 +126,7 @@ def normal_matrices(x: np.ndarray, ybar: np.ndarray, bags: np.ndarray):
     return k * xbar.T @ xbar, x.T @ x, k * xbar.T @ ybar
 
 
-@register("aggregate_responses", claims="aggregate_responses", notebook="aggregate_responses", kind="module")
+@register("aggregate_responses", claims="aggregate_responses", kind="module")
 def interpolating_estimator(x: np.ndarray, ybar: np.ndarray, bags: np.ndarray, rho: float) -> np.ndarray:
     """argmin_θ L_bag + ρ R = ((1 − ρ) XᵀSX + ρ XᵀX)⁻¹ XᵀSy (needs m ≥ d bags at ρ = 0, n ≥ d otherwise)."""
     _check_rho(rho)

@@ -185,7 +185,7 @@ def _negentropy(S: torch.Tensor) -> torch.Tensor:
     return (logcosh.mean(dim=1) - GAUSS_LOGCOSH) ** 2
 
 
-@register("cpa", claims="cpa", notebook="cpa", kind="module")
+@register("cpa", claims="cpa", kind="module")
 def cocktail_party_attack(G: torch.Tensor, batch_size: int, *, image_shape=None, ne_weight: float = 1.0,
                           tv_weight: float = 10.0, decor_weight: float = 0.1, temperature: float = 5.0,
                           steps: int = 300, lr: float = 0.03, generator: torch.Generator | None = None,

@@ -181,7 +181,7 @@ def run_cluster(readings, rng: np.random.Generator | None = None, seeds=None, le
     return ClusterRun(d, coeffs, seeds, shares, assembled, total, leader, msgs)
 
 
-@register("cpda", claims="cpda", notebook="cpda", kind="module")
+@register("cpda", claims="cpda", kind="module")
 def cpda_sum(readings, rng: np.random.Generator, leader: int = 0) -> np.ndarray:
     """The cluster sum Σ_i d_i (signed) as the leader recovers it from the assembled values alone."""
     return decode(run_cluster(readings, rng, leader=leader).total)

@@ -19,7 +19,7 @@ from .dp import (CappedWeighting, ClipUpdates, DPAggregate, LocalDPAccounting, L
 from ...core.method import LocalObjective, Method, ServerSGD, UniformWeighting
 
 
-@register("dp_fedavg", claims="dp_fedavg", notebook="dp_fedavg")
+@register("dp_fedavg", claims="dp_fedavg")
 def dp_fedavg(noise_multiplier: float = 1.0, clip_norm: float = 1.0, sampling_rate: float = 0.1,
               delta: float = 1e-5, estimator: str = "fixed", adaptive: bool = False, target_quantile: float = 0.5,
               clip_lr: float = 0.2, clip_count_stddev: float | None = None, example_cap: float | None = None,
@@ -42,7 +42,7 @@ def dp_fedavg(noise_multiplier: float = 1.0, clip_norm: float = 1.0, sampling_ra
     return Method(name, LocalObjective(), CappedWeighting(example_cap), rule, ServerSGD(lr=server_lr), uplink=(clip,))
 
 
-@register("local_dp_fedavg", claims="dp_fedavg", notebook="dp_fedavg")
+@register("local_dp_fedavg", claims="dp_fedavg")
 def local_dp_fedavg(noise_multiplier: float = 1.0, clip_norm: float = 1.0, delta: float = 1e-5,
                     accountant: str = "rdp", server_lr: float = 1.0) -> Method:
     """FedAvg with local DP: each client clips to S and adds N(0, (zS)² I) itself; the server averages.

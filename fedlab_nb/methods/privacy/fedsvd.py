@@ -243,7 +243,7 @@ def _run(variant: str, fed, base_model, *, rank: int = 4, alpha: float | None = 
     return hist
 
 
-@register("fedsvd", claims="fedsvd", notebook="fedsvd", kind="module")
+@register("fedsvd", claims="fedsvd", kind="module")
 def run_fedsvd(fed, base_model, **kwargs) -> History:
     """FedSVD on a `FederatedDataset`: LoRA (`add_lora(base_model, rank, alpha, targets)`) fine-tuned by every
     client each round with DP-SGD at (`epsilon`, `delta`) per client (None: non-private), B sent, SVD
@@ -253,13 +253,13 @@ def run_fedsvd(fed, base_model, **kwargs) -> History:
     return _run("fedsvd", fed, base_model, **kwargs)
 
 
-@register("ffa_lora", claims="fedsvd", notebook="fedsvd", kind="module")
+@register("ffa_lora", claims="fedsvd", kind="module")
 def run_ffa_lora(fed, base_model, **kwargs) -> History:
     """FFA-LoRA (A frozen at its random init, B trained and sent) with the same keywords as `run_fedsvd`."""
     return _run("ffa", fed, base_model, **kwargs)
 
 
-@register("dp_lora", claims="fedsvd", notebook="fedsvd", kind="module")
+@register("dp_lora", claims="fedsvd", kind="module")
 def run_dp_lora(fed, base_model, **kwargs) -> History:
     """Vanilla DP-LoRA (A and B trained with DP-SGD and averaged) with the same keywords as `run_fedsvd`."""
     return _run("dp_lora", fed, base_model, **kwargs)

@@ -351,7 +351,7 @@ def recovery_scores(recovered, originals) -> dict:
 
 
 # --- the module entry ----------------------------------------------------------------------------------
-@register("gradient_inversion", claims="gradient_inversion", notebook="gradient_inversion", kind="module")
+@register("gradient_inversion", claims="gradient_inversion", kind="module")
 def gradient_inversion(model: nn.Module, x: torch.Tensor, y: torch.Tensor, input_shape, attack: str = "ig",
                        labels: str = "infer", seed: int = 0, **attack_kwargs) -> dict:
     """One attack end to end: the client computes its gradient on (x, y), the attacker inverts it with

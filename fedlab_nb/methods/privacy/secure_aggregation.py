@@ -680,7 +680,7 @@ def with_secure_aggregation(method: Method, client_sizes=None, **secagg) -> Meth
                                uplink=(*method.uplink, transform))
 
 
-@register("secure_aggregation", claims="secure_aggregation", notebook="secure_aggregation")
+@register("secure_aggregation", claims="secure_aggregation")
 def secure_fedavg(client_sizes=None, *, threshold: float | int = 2 / 3, clip: float = 1.0, scale: float = 2.0 ** 16,
                   bits: int = 32, dropout: float = 0.0, on_abort: str = "raise", server_lr: float = 1.0) -> Method:
     """FedAvg whose server sees only the secure sum (Bonawitz et al. 2017). With `client_sizes=fed.sizes`

@@ -182,7 +182,7 @@ class LongerTraining:
 
 
 # --- one run ---------------------------------------------------------------------------------------------------
-@register("backdoors", claims="backdoors", notebook="backdoors", kind="module")
+@register("backdoors", claims="backdoors", kind="module")
 def backdoor_run(method: Method, attack: str, fed, model: torch.nn.Module, theta_start: torch.Tensor,
                  trigger: PixelTrigger, *, rounds: int = 10, attack_round: int = 1, attacker_repeat: int = 1,
                  **simulate_kwargs):

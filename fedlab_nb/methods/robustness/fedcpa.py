@@ -153,7 +153,7 @@ class CriticalParameterRule:
         return per_client_columns(cpa_score=state["score"], cpa_w=state["w"])
 
 
-@register("fedcpa", claims="fedcpa", notebook="fedcpa")
+@register("fedcpa", claims="fedcpa")
 def fedcpa(model: torch.nn.Module | None = None, frac: float = 0.01, server_lr: float = 1.0) -> Method:
     """FedAvg's local training with the FedCPA rule (uniform client weights, as the official code's mean).
     Pass the run's `model` to score only weight matrices / kernels as the paper's code does."""

@@ -176,7 +176,7 @@ class FLIPClient(ClientUpdate):
         return {"delta": W - theta}, cstate, losses
 
 
-@register("flip", claims="flip", notebook="flip")
+@register("flip", claims="flip")
 def flip(targets: int | None = None, fraction: float = 0.5, steps: int = 30, lam: float = 0.05, rows: int = 32,
          lr: float = 0.3,
          compromised: tuple | None = None, server_lr: float = 1.0) -> Method:

@@ -416,7 +416,7 @@ def frl_method(model: SupermaskMLP, *, lr_decay: float = 0.999, momentum: float 
                   client=FRLClientUpdate(lr_decay, momentum, weight_decay), aggregate_key="ranking")
 
 
-@register("frl", claims="frl", notebook="frl", kind="module")
+@register("frl", claims="frl", kind="module")
 def run_frl(fed, hidden=(128, 64), *, k: float = 0.5, rounds: int = 30, clients_per_round: int = 10,
             local_epochs: int = 2, batch_size: int = 8, lr: float = 0.4, lr_decay: float = 0.999,
             momentum: float = 0.9, malicious=(), seed: int = 0, eval_every: int = 1) -> History:

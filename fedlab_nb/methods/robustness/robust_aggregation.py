@@ -32,7 +32,7 @@ from ...core.method import LocalObjective, Method, ServerSGD, UniformWeighting
 
 
 # --- stateful rules ----------------------------------------------------------------------------------
-@register("centered_clipping", claims="centered_clipping", notebook="centered_clipping", kind="module")
+@register("centered_clipping", claims="centered_clipping", kind="module")
 @dataclass
 class CenteredClipping:
     """Centered clipping with the previous aggregate as the centre (the paper's v^{t−1}; v^0 = 0):
@@ -52,7 +52,7 @@ class CenteredClipping:
         return v, {"center": v}
 
 
-@register("gas", claims="gas", notebook="gas", kind="module")
+@register("gas", claims="gas", kind="module")
 @dataclass
 class GradientSplitting:
     """GAS(base rule) with a fresh random coordinate split each round, keyed by (seed, round) so a run
@@ -71,7 +71,7 @@ class GradientSplitting:
         return agg, {"round": state["round"] + 1}
 
 
-@register("flag_aggregator", claims="flag_aggregator", notebook="flag_aggregator", kind="module")
+@register("flag_aggregator", claims="flag_aggregator", kind="module")
 def robust_rule(name: str, f: int = 0, *, tau: float = 1.0, iters: int = 3, p: int = 64, seed: int = 0,
                 **hyper):
     """A rule for the `Method.rule` slot from a name, with the Byzantine count f passed where a rule uses it.
@@ -126,7 +126,7 @@ class WorkerMomentum(Transform):
         return msgs, {"m": m}
 
 
-@register("robust", claims="robust_aggregation", notebook="robust_aggregation")
+@register("robust", claims="robust_aggregation")
 def robust_method(rule: str = "mean", f: int = 0, *, momentum: float = 0.0, seed: int = 0, server_lr: float = 1.0,
                   **rule_hyper) -> Method:
     """FedAvg with a robust rule, uniform weights and optional worker momentum (an uplink transform), e.g.

@@ -138,7 +138,7 @@ def remove_regularisation(w: torch.Tensor, c: torch.Tensor, total_gamma: float) 
     return w + total_gamma * spd_solve(c - total_gamma * eye, w)
 
 
-@register("afl", claims="afl", notebook="afl", kind="module")
+@register("afl", claims="afl", kind="module")
 def afl(client_data, num_classes: int, gamma: float = 1.0) -> torch.Tensor:
     """The whole method: local analytic solutions → AA law → regularisation removal. `client_data` is a
     list of (features, labels); clients with no rows still count (they upload C_k = γI, W_k = 0)."""

@@ -19,7 +19,7 @@ from .ldawa import ldawa
 CHAPTER = ("FedAvg", "FedAU", "FedDisco", "IDA", "L-DAWA", "FedLAW")
 
 
-@register("aggregation_weights", claims="aggregation_weights", notebook="aggregation_weights", kind="module")
+@register("aggregation_weights", claims="aggregation_weights", kind="module")
 def chapter_method(name: str, fed, proxy, model: nn.Module) -> Method:
     """The chapter's method `name` (one of CHAPTER) for federation `fed`; FedLAW learns on the server's proxy set
     `(x, y)`; L-DAWA and FedLAW need the run's `model` (pass the same module to `simulate`)."""

@@ -100,7 +100,7 @@ def truncated_inverse(p, cutoff: int) -> np.ndarray:
 
 
 # --- methods -------------------------------------------------------------------------------------
-@register("fedau", claims="fedau", notebook="fedau")
+@register("fedau", claims="fedau")
 def fedau(cutoff: int = 50, server_lr: float = 1.0) -> Method:
     """FedAU: FedAvg with online participation-interval weights (unknown p_n)."""
     return Method("fedau", weighting=FedAUWeighting(cutoff), rule=weighted_sum, server_opt=ServerSGD(lr=server_lr))

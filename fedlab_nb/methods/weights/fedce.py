@@ -133,7 +133,7 @@ class FedCEWeighting:
         return per_client_columns(fedce_c=state["coef"], fedce_a=state["a"], fedce_b=state["b"])
 
 
-@register("fedce", claims="fedce", notebook="fedce", kind="method")
+@register("fedce", claims="fedce", kind="method")
 def fedce(model: torch.nn.Module, val, mode: str = "times", consensus: str = "current") -> Method:
     """FedAvg's local training, aggregated with the FedCE weights (server lr 1: θ ← Σ_k c_k θ_k).
     `val`: a FederatedDataset (its clients' training rows serve as validation) or a list of (x, y) per client."""

@@ -107,7 +107,7 @@ class FedDiscoWeighting:
         return torch.as_tensor(w).to(info.sizes), state
 
 
-@register("feddisco", claims="feddisco", notebook="feddisco")
+@register("feddisco", claims="feddisco")
 def feddisco(fed=None, base: str | Method = "fedavg", a: float = 0.5, b: float = 0.1, metric: str = "kl",
              counts=None, target=None, **base_kwargs) -> Method:
     """A host method (FedAvg, FedProx, ... or a Method) with its weighting replaced by FedDisco's.

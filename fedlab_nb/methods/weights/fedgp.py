@@ -185,7 +185,7 @@ class GradientProjectionRule:
         return per_client_columns(gp_beta=state["beta"], gp_cos=state["cos"])
 
 
-@register("fedgp", claims="fedgp", notebook="fedgp")
+@register("fedgp", claims="fedgp")
 def fedgp(target: int = 0, beta: float = 0.5, auto: bool = False, probe: Callable | None = None,
           projection: str = "paper", per_layer: bool = False, spec=(), server_lr: float = 1.0) -> Method:
     """FedAvg's local training with the target-centred rule: `fedgp(target=0, beta=0.5)` (fixed β),

@@ -175,7 +175,7 @@ class FedLAWRule(ShrinkRule):
         return torch.exp(g).detach(), torch.softmax(l, 0).detach()
 
 
-@register("fedlaw", claims="fedlaw", notebook="fedlaw")
+@register("fedlaw", claims="fedlaw")
 def fedlaw(proxy, model: nn.Module, epochs: int = 20, lr: float = 0.005, batch_size: int = 128,
            learn_gamma: bool = True, learn_lambda: bool = True) -> Method:
     """FedAvg's local training with FedLAW's learned (γ, λ) on the server's proxy set `(x, y)`; `model` is the

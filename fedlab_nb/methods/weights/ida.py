@@ -77,7 +77,7 @@ class InverseDistanceRule:
         return per_client_columns(ida_w=state["w"], ida_dist=state["dist"])
 
 
-@register("ida", claims="ida", notebook="ida")
+@register("ida", claims="ida")
 def ida(with_sizes: bool = False, eps: float = 1e-8, server_lr: float = 1.0) -> Method:
     """FedAvg's local training with the IDA rule: `ida()` (inverse distance only) or `ida(with_sizes=True)`
     (inverse distance × n_k). The weighting passes n_k to the rule; plain IDA ignores it."""

@@ -137,7 +137,7 @@ def delta_table(history) -> "pd.DataFrame":
     return pd.concat(rows, ignore_index=True)
 
 
-@register("ldawa", claims="ldawa", notebook="ldawa")
+@register("ldawa", claims="ldawa")
 def ldawa(model: nn.Module | list | tuple, normalise: str = "clients") -> Method:
     """L-DAWA: layer-wise cosine-scaled averaging of the clients' weights, uniform client weights (the
     official code's 1/m). `model`: the trained `nn.Module` or its `param_spec`."""
