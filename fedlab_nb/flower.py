@@ -99,8 +99,9 @@ def _setup(method, fed, model="mlp", *, rounds=20, clients_per_round=10, local_e
     method = _check_method(method)
     if not isinstance(fed, FederatedDataset):
         raise TypeError(f"fed must be a FederatedDataset (fedlab_nb.federate(...)), got {type(fed).__name__}")
-    cfg = RunConfig(rounds, None if callable(clients_per_round) else clients_per_round, local_epochs, local_steps,
-                    batch_size, lr, seed, eval_every, on_nonfinite=on_nonfinite)
+    cfg = RunConfig(rounds=rounds, clients_per_round=None if callable(clients_per_round) else clients_per_round,
+                    local_epochs=local_epochs, local_steps=local_steps, batch_size=batch_size, lr=lr, seed=seed,
+                    eval_every=eval_every, on_nonfinite=on_nonfinite)
     cfg.validate()
     model = build_model(model, fed, seed, model_kwargs)  # the same θ₀ as simulate(..., seed=seed)
     theta0 = flatten_params(model).to(fed.device)

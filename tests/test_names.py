@@ -43,3 +43,12 @@ def test_no_name_in_a_chapter_shadows_one_of_its_modules():
         package = importlib.import_module(f"fedlab_nb.methods.{chapter}")
         for module in pkgutil.iter_modules(package.__path__):
             assert isinstance(getattr(package, module.name), types.ModuleType), f"{chapter}.{module.name}"
+
+
+def test_run_config_is_keyword_only():
+    """Issue 40 item 4: RunConfig(30, None, 1, ...) would shift silently when a field is added."""
+    import pytest
+    from fedlab_nb.engine.server import RunConfig
+    with pytest.raises(TypeError):
+        RunConfig(30)
+    assert RunConfig(rounds=30, lr=0.1).rounds == 30

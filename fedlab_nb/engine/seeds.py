@@ -62,8 +62,9 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct non-negative integers, got {seeds}")
     feds = [fed(s) if callable(fed) else fed for s in seeds]
-    cfgs = [RunConfig(rounds, clients_per_round if not callable(clients_per_round) else None, local_epochs,
-                      local_steps, batch_size, lr, s, eval_every, backend=backend) for s in seeds]
+    cfgs = [RunConfig(rounds=rounds, clients_per_round=None if callable(clients_per_round) else clients_per_round,
+                      local_epochs=local_epochs, local_steps=local_steps, batch_size=batch_size, lr=lr, seed=s,
+                      eval_every=eval_every, backend=backend) for s in seeds]
     for c, f in zip(cfgs, feds):
         c.validate(f.num_clients)
     if isinstance(model, torch.nn.Module):

@@ -37,8 +37,10 @@ class NonFiniteUpdateError(FloatingPointError):
     """A client returned NaN/inf; the message names the client and round."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunConfig:
+    """A run's settings, keyword-only (RunConfig(rounds=30, lr=0.1)): a positional list of thirteen values
+    silently shifts when a field is added."""
     rounds: int = 20
     clients_per_round: int | float | None = None
     local_epochs: int = 1
@@ -393,9 +395,10 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
                         "(or fedlab_nb.get_method) to build one from a name")
     if not isinstance(fed, FederatedDataset):
         raise TypeError(f"fed must be a FederatedDataset (fedlab_nb.federate(...)), got {type(fed).__name__}")
-    cfg = RunConfig(rounds, clients_per_round if not callable(clients_per_round) else None, local_epochs,
-                    local_steps, batch_size, lr, seed, eval_every, stragglers, drop_stragglers, backend, on_nonfinite,
-                    byzantine_ids(byzantine))
+    cfg = RunConfig(rounds=rounds, clients_per_round=None if callable(clients_per_round) else clients_per_round,
+                    local_epochs=local_epochs, local_steps=local_steps, batch_size=batch_size, lr=lr, seed=seed,
+                    eval_every=eval_every, stragglers=stragglers, drop_stragglers=drop_stragglers, backend=backend,
+                    on_nonfinite=on_nonfinite, byzantine=byzantine_ids(byzantine))
     cfg.validate(fed.num_clients)
     if poison is not None:
         check_poison(poison, fed.num_clients)
