@@ -218,17 +218,17 @@ def cmd_list(args) -> int:
         if not _wanted(paper, args):
             continue
         last = _last_results(results, pid)
-        print(_paper_line(paper, last))
+        print(printable(_paper_line(paper, last)))  # the method's name and the verdicts come from files
         if not (args.claims or args.role):
             continue
-        print(f"  notebook {paper.notebook}; implementation: {paper.implementation}; library: {_implemented_by(pid)}")
+        print(printable(f"  notebook {paper.notebook}; implementation: {paper.implementation}; library: {_implemented_by(pid)}"))
         for claim in sorted(paper.claims, key=lambda c: C.ROLES.index(c.role)):
             if args.role in (None, claim.role):
-                print(_claim_line(claim, last))
+                print(printable(_claim_line(claim, last)))
                 if claim.role == C.HEADLINE:
-                    print("\n".join(_headline_detail(claim)))
+                    print("\n".join(map(printable, _headline_detail(claim))))
         for row in paper.report if args.role in (None, "reported") else ():
-            print(f"  reported {row.id} ({row.metric}): {row.text}")
+            print(printable(f"  reported {row.id} ({row.metric}): {row.text}"))
     free = sorted(f"{e.key} ({e.module.replace('.', '/')}.py)" for e in _registry().values() if not e.claims)
     if free and not (args.verdict or args.chapter):
         print("registered methods without a claims file yet: " + ", ".join(free))
@@ -301,7 +301,7 @@ def cmd_params(args) -> int:
     root = _root(args)
     paper = C.load_paper(args.paper, root)
     rows = parameter_table(notebook_path(paper))
-    print(f"{paper.id} — {paper.method}: {paper.notebook}, cell tagged `parameters`")
+    print(printable(f"{paper.id} — {paper.method}: {paper.notebook}, cell tagged `parameters`"))
     if not rows:
         print("  no parameters (the notebook has no cell tagged parameters; -p is refused)")
     width = [max((len(r[k]) for r in rows), default=0) for k in ("name", "type", "default")]

@@ -434,7 +434,9 @@ def build_report(results_dir="results", root=None) -> str:
     results_dir = Path(results_dir)
     results = load_results(results_dir, root)
     text = markdown(results, results_dir)
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "REPORT.md").write_text(text)
-    (results_dir / "index.html").write_text(html_page(results, results_dir))
+    from .files import make_folder, refuse_link
+    make_folder(results_dir)
+    page = html_page(results, results_dir)
+    refuse_link(results_dir / "REPORT.md").write_text(text)  # a link there would make the board overwrite its target
+    refuse_link(results_dir / "index.html").write_text(page)
     return text
