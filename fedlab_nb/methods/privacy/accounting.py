@@ -47,7 +47,8 @@ def _check(q: float, noise_multiplier: float, steps: int, delta: float, accounta
         raise ValueError(f"q (the sampling rate) must be in (0, 1], got {q!r}")
     if not noise_multiplier >= 0:
         raise ValueError(f"noise_multiplier must be >= 0 (0: no privacy), got {noise_multiplier!r}")
-    if not (isinstance(steps, int) and steps >= 0):
+    import numbers
+    if not (isinstance(steps, numbers.Integral) and steps >= 0):  # np.int64 counts too
         raise ValueError(f"steps must be an int >= 0 (rounds or DP-SGD steps), got {steps!r}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), e.g. 1/K^1.1 for K users; got {delta!r}")
@@ -73,6 +74,7 @@ def epsilon(q: float, noise_multiplier: float, steps: int, delta: float, account
             sampling: str = "poisson") -> float:
     """ε of `steps` compositions of the q-sampled Gaussian mechanism at δ (inf when z = 0 and steps > 0)."""
     _check(q, noise_multiplier, steps, delta, accountant, sampling)
+    q, noise_multiplier, steps, delta = float(q), float(noise_multiplier), int(steps), float(delta)
     if steps == 0:
         return 0.0
     if noise_multiplier == 0:
@@ -90,6 +92,7 @@ def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float,
     search at a tiny z would build a privacy-loss distribution with billions of buckets."""
     import dp_accounting as dpa
     _check(q, 1.0, steps, delta, accountant, sampling)
+    q, steps, delta = float(q), int(steps), float(delta)
     _number("target_epsilon", target_epsilon)
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r} (ε = inf needs no "

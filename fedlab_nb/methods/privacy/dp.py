@@ -33,6 +33,7 @@ so the privacy analysis is the same. Flat (ℓ2 over all tensors) clipping only;
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -72,6 +73,19 @@ def _check_noise(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value >= 0 \
             or not math.isfinite(value):
         raise ValueError(f"noise_multiplier (z) must be a finite number >= 0 (0: no noise, no privacy), got {value!r}")
+    return float(value)
+
+
+def _is_number(value) -> bool:
+    """A real number, Python's or numpy's (np.float32, np.int64), but not a bool or a string."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_rate(name: str, value) -> float:
+    """A sampling rate q: a finite number in (0, 1]."""
+    if not _is_number(value) or not 0 < value <= 1:
+        raise ValueError(f"{name} must be a number in (0, 1], the probability a user takes part in a round, "
+                         f"got {type(value).__name__} {value!r}")
     return float(value)
 
 
@@ -174,10 +188,7 @@ class DPAggregate:
     def __post_init__(self):
         self.noise_multiplier = _check_noise(self.noise_multiplier)
         self.clip_norm = _check_positive("clip_norm", self.clip_norm, "the ℓ2 bound S on each client's update")
-        q = self.sampling_rate
-        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 1:
-            raise ValueError(f"sampling_rate (q) must be in (0, 1], the probability a user takes part in a round, "
-                             f"got {q!r}")
+        self.sampling_rate = _check_rate("sampling_rate (q)", self.sampling_rate)
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be 'fixed' (f̃_f, denominator qW) or 'clipped' (f̃_c, denominator "
                              f"max(qW_min, Σw_k)), got {self.estimator!r}")
@@ -190,9 +201,13 @@ class DPAggregate:
         self.delta = _check_delta(self.delta)
         self.clip_lr = _check_positive("clip_lr", self.clip_lr, "the adaptive clip's learning rate η_C, e.g. 0.2")
         if self.adaptive:
-            if not 0 < self.target_quantile < 1:
+            if not _is_number(self.target_quantile) or not 0 < self.target_quantile < 1:
                 raise ValueError(f"target_quantile (γ) must be in (0, 1), e.g. 0.5 for the median norm, "
                                  f"got {self.target_quantile!r}")
+        sigma_b = self.clip_count_stddev
+        if sigma_b is not None and (not _is_number(sigma_b) or not sigma_b >= 0 or not math.isfinite(sigma_b)):
+            raise ValueError(f"clip_count_stddev (σ_b) must be a finite number >= 0 or None (default: expected "
+                             f"clients / 20), got {type(sigma_b).__name__} {sigma_b!r}")
         for name in ("total_weight", "min_total_weight"):
             value = getattr(self, name)
             if value is not None:
@@ -352,6 +367,7 @@ class CappedWeighting:
 def dp_sampler(q: float, num_clients: int, sampling: str = "poisson"):
     """The client sampler the accountant assumes: each user independently with probability q (Poisson), or
     exactly q·K users without replacement ("fixed")."""
+    q = _check_rate("dp_sampler's q", q)
     if sampling == "poisson":
         return BernoulliSampler(np.full(int(num_clients), float(q)))
     if sampling == "fixed":
