@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import struct
 import time
@@ -98,8 +99,10 @@ class FixedPoint:
     def __post_init__(self):
         if not (isinstance(self.bits, int) and 2 <= self.bits <= 64):
             raise ValueError(f"bits (k, sums are mod 2^k) must be an int in [2, 64], got {self.bits!r}")
-        if not (self.clip > 0 and self.scale > 0):
-            raise ValueError(f"clip and scale must be > 0, got clip={self.clip!r}, scale={self.scale!r}")
+        for name, value in (("clip", self.clip), ("scale", self.scale)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"FixedPoint {name} must be a finite number > 0 (clip bounds |x|, scale is the "
+                                 f"quantisation's 1/step), got {name}={value!r}")
 
     @property
     def step(self) -> float:
@@ -614,6 +617,10 @@ class SecureAggregation(Transform):
     def __call__(self, msgs, cstate, ctx):
         ids = [int(k) for k in msgs.client_ids]
         deltas = msgs[self.key].detach().cpu().numpy()
+        bad = ~np.isfinite(deltas.reshape(len(ids), -1)).all(axis=1)
+        if bad.any():  # quantisation would turn NaN into 0 and clip inf: the secure sum would be silently wrong
+            raise ValueError(f"secure aggregation: client {ids[int(np.argmax(bad))]} sent a non-finite '{self.key}' "
+                             "(NaN or inf); fix its local training (a smaller lr, or clip the update) before summing")
         w = np.array([1 if self.client_sizes is None else self.client_sizes[k] for k in ids], dtype=np.int64)
         fp = FixedPoint(self.clip, self.scale, self.bits)
         fp.check_capacity(int(w.sum()))
