@@ -18,6 +18,7 @@ live on the clients, so the History here has the global-model metrics only.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -157,10 +158,14 @@ class MethodStrategy(Strategy):
         for reply in replies:
             if reply.has_error():
                 raise RuntimeError(f"node {reply.metadata.src_node_id} failed to report its client id: {reply.error.reason}")
-            k = int(reply.content["metrics"]["client-id"])
+            node, k = reply.metadata.src_node_id, dict(reply.content.get("metrics", {})).get("client-id")
+            if not _is_int(k) or not 0 <= k < K:
+                raise ValueError(f"node {node} reports client id {k!r}; it must be an integer in 0..{K - 1}: start it "
+                                 f"with --node-config 'partition-id=k num-partitions={K}'")
+            k = int(k)
             if k in self.nodes:
                 raise ValueError(f"two SuperNodes claim partition-id={k}; give each a distinct partition-id")
-            self.nodes[k] = reply.metadata.src_node_id
+            self.nodes[k] = node
         if missing := sorted(set(range(K)) - set(self.nodes)):
             raise ValueError(f"no SuperNode holds client(s) {missing}: start K={K} SuperNodes with "
                              f"--node-config 'partition-id=k num-partitions={K}', k = 0..{K - 1}")
@@ -219,10 +224,19 @@ class MethodStrategy(Strategy):
             if _spec(e) != ref:
                 raise _refuse(server_round, f"client {k}", f"has entries {_spec(e)}, the others {ref}")
         want, key = str(self.theta.dtype).removeprefix("torch."), self.s.method.aggregate_key
-        bad = [n for n, a in out[0][2].items() if a.dtype.kind == "f" and a.dtype != np.dtype(want)]
+        bad = [n for n, a in out[0][2].items() if a.dtype.kind not in "fiub"
+               or (a.dtype.kind == "f" and a.dtype != np.dtype(want))]
         if bad or key not in out[0][2]:
             raise _refuse(server_round, f"client {out[0][0]}", f"has entries {ref}: it must carry {key!r} and float "
-                          f"entries of θ's dtype {want}")
+                          f"entries of θ's dtype {want} (integer entries for counts; nothing complex)")
+        if key == "delta":  # an update Δ lives where θ does: one float row of the sent coordinates
+            groups = self.s.round.groups
+            width = self.theta.numel() if groups is None or groups.everything_sent else \
+                groups.index("sent", self.theta.device).numel()
+            a = out[0][2][key]
+            if a.dtype != np.dtype(want) or a.shape != (width,):
+                raise _refuse(server_round, f"client {out[0][0]}", f"has {key!r} of dtype {a.dtype} and shape "
+                              f"{a.shape}, not θ's {want} ({width},)")
         return out
 
     def _reply(self, r: int, m) -> tuple[int, dict, dict]:
@@ -237,8 +251,11 @@ class MethodStrategy(Strategy):
         if int(k) not in set(self.sampled.tolist()):
             raise _refuse(r, who, f"comes from a client not sampled this round (sampled: {sorted(self.sampled.tolist())})")
         bad = [n for n in _METRICS if isinstance(metrics.get(n), bool) or not isinstance(metrics.get(n), (int, float))]
+        bad += [n for n in ("num-examples", "steps", "bytes-up") if n not in bad
+                and not (math.isfinite(metrics[n]) and metrics[n] >= 0)]  # counts: finite and >= 0
         if bad or set(metrics) - set(_METRICS):
-            raise _refuse(r, f"client {k}", f"has metrics {sorted(metrics)}: it must carry numbers {list(_METRICS)}")
+            raise _refuse(r, f"client {k}", f"has metrics {sorted(metrics)} ({', '.join(f'{n}={metrics.get(n)!r}' for n in bad)}):"
+                          f" it must carry numbers {list(_METRICS)}, the counts finite and >= 0")
         entries = {n: np.asarray(a.numpy()) for n, a in m.content["message"].items()}
         return int(k), metrics, entries
 
