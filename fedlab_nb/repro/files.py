@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -76,7 +77,15 @@ def run_lock(results_dir, paper_id: str, scale: str):
     import fcntl
     path = refuse_link(Path(make_folder(results_dir)) / f"{paper_id}.lock")
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as e:
+            raise UnsafePathError(f"cannot open {path} as {paper_id}'s run lock ({e.strerror or e}); remove it or "
+                                  "make the results folder writable, or give --results another folder") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: never truncated, written or deleted
+            os.close(fd)
+            raise UnsafePathError(f"{path} is not a regular file, so it cannot be {paper_id}'s run lock; remove it "
+                                  "(nothing else belongs there) or give --results another folder")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
