@@ -447,6 +447,19 @@ def read_yaml(path: Path):
         raise ClaimsFileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
     except OSError as e:
         raise ClaimsFileError(f"{path}: cannot be read ({e.strerror})") from None
+    except RecursionError:
+        raise ClaimsFileError(f"{path}: not valid YAML (lists or mappings nested too deeply); "
+                              "flatten the nesting") from None
+    except ValueError as e:  # a tag's constructor: !!float abc, !!int abc, an int of thousands of digits
+        raise ClaimsFileError(f"{path}: not valid YAML ({yaml_value_problem(e)}); fix that value") from None
+
+
+def yaml_value_problem(e: ValueError) -> str:
+    """One line on a YAML value its constructor refused (!!float abc, an integer of thousands of digits)."""
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if "integer string conversion" in text:
+        text = "an integer of thousands of digits"
+    return f"a value cannot be read: {text}"
 
 
 def load_claims(path: Path | str) -> Paper:
