@@ -527,8 +527,8 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)  # argparse itself exits with 2 on bad usage
     try:
         return COMMANDS[args.command](args)
-    except C.ReproError as e:
-        print(f"fedlab-nb {args.command}: error: {e}", file=sys.stderr)
+    except C.ReproError as e:  # its text may quote a file (a notebook, a claims file): printed without control codes
+        print(f"fedlab-nb {args.command}: error: {printable(e)}", file=sys.stderr)
         return e.exit_code
     except OSError as e:
         if e.errno not in DISK_ERRORS:

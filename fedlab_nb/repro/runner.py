@@ -41,14 +41,40 @@ class ParameterError(ReproError, ValueError):
 
 
 # ---------------------------------------------------------------------------------------------- parameters
+def _parameters_cell(notebook: Path) -> tuple[str, list[ast.stmt]] | None:
+    """(source, statements) of the notebook's code cell tagged `parameters`, None without one; a notebook that
+    cannot be read or parsed raises a one-line ReproError naming it."""
+    try:
+        nb = nbformat.read(str(notebook), as_version=4)
+        cells = [c for c in nb.cells
+                 if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    except UnicodeDecodeError as e:
+        raise ReproError(f"{notebook}: not a notebook (not UTF-8 text: {e.reason} at byte {e.start}); "
+                         "restore it from git or save it again from Jupyter") from None
+    except OSError as e:
+        raise ReproError(f"{notebook}: cannot be read ({e.strerror or e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # NotJSONError is a ValueError
+        why = (str(e).splitlines() or [type(e).__name__])[0][:100]
+        raise ReproError(f"{notebook}: not a Jupyter notebook ({why}); restore it from git or save it again "
+                         "from Jupyter") from None
+    if not cells:
+        return None
+    source = cells[0].source
+    try:
+        return source, ast.parse(source).body
+    except (SyntaxError, ValueError, RecursionError) as e:
+        where = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise ReproError(f"{notebook}: its parameters cell is not valid Python ({getattr(e, 'msg', None) or e}{where}); "
+                         "fix that cell") from None
+
+
 def notebook_parameters(notebook: Path) -> dict:
     """Names and literal defaults assigned in the notebook's cell tagged `parameters`."""
-    nb = nbformat.read(str(notebook), as_version=4)
-    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
-    if not cells:
+    cell = _parameters_cell(notebook)
+    if cell is None:
         return {}
     defaults = {}
-    for node in ast.parse(cells[0].source).body:
+    for node in cell[1]:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
         for target in targets:
             if isinstance(target, ast.Name):
@@ -62,13 +88,12 @@ def notebook_parameters(notebook: Path) -> dict:
 def parameter_table(notebook: Path) -> list[dict]:
     """The notebook's `parameters` cell, one row per name in its order: {name, type, default (source text),
     comment (the line's trailing comment)}; the type is the annotation's, else the literal default's."""
-    nb = nbformat.read(str(notebook), as_version=4)
-    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
-    if not cells:
+    cell = _parameters_cell(notebook)
+    if cell is None:
         return []
-    source = cells[0].source
+    source, body = cell
     lines, rows = source.splitlines(), {}
-    for node in ast.parse(source).body:
+    for node in body:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
         value = getattr(node, "value", None)
         if value is None:
