@@ -237,7 +237,14 @@ def cmd_list(args) -> int:
 
 class Yaml12Loader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 core-schema scalars (PyYAML speaks 1.1): `1e-3` is a float, `010` is 10,
-    `0o17` is 15; `2024-01-01`, `yes`, `on` and `1:20` stay strings."""
+    `0o17` is 15; `2024-01-01`, `yes`, `on` and `1:20` stay strings. No aliases (`&a [*a]` is a list that
+    holds itself): a value with one is not YAML here, so it stays a string."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.MarkedYAMLError(None, None, "aliases (*name) are not allowed in a -p value",
+                                       self.peek_event().start_mark)
+        return super().compose_node(parent, index)
 
 
 Yaml12Loader.yaml_implicit_resolvers = {}
@@ -254,12 +261,16 @@ Yaml12Loader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: int(
 
 def _parse_parameters(pairs) -> dict:
     """-p NAME VALUE pairs; VALUE is YAML 1.2 (0.1 and 1e-3 -> float, true -> bool, [1, 2] -> list, else a string)."""
+    from fedlab_nb.repro.runner import ParameterError
     params = {}
     for name, text in pairs:
         try:
             params[name] = yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError:
             params[name] = text
+        except (ValueError, RecursionError) as e:  # !!float abc, !!int abc, an integer of thousands of digits
+            raise ParameterError(f"-p {name} {printable(text, 40)}: {C.yaml_value_problem(e)}; give a plain value "
+                                 "(e.g. 0.1, 3, true, [1, 2] or text)") from None
     return params
 
 

@@ -12,6 +12,7 @@ import ast
 import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -149,6 +150,9 @@ def check_parameters(parameters: dict, defaults: dict, notebook: Path) -> dict:
             raise ParameterError(f"unknown parameter {name!r} for {notebook.name}"
                                  + (f" (did you mean {close[0]!r}?)" if close else "")
                                  + f"; valid: {', '.join(sorted(defaults)) or 'none (no cell tagged parameters)'}")
+        if not _finite(value):  # parameters.json and the result file are strict JSON: no inf or NaN
+            raise ParameterError(f"parameter {name!r} of {notebook.name} is {value!r}: inf and NaN cannot be recorded "
+                                 "in parameters.json; give a finite number (e.g. a large one for 'no limit')")
         default = defaults[name]
         if default is _NO_DEFAULT or default is None or value is None:
             checked[name] = value
@@ -160,6 +164,17 @@ def check_parameters(parameters: dict, defaults: dict, notebook: Path) -> dict:
         else:
             checked[name] = value
     return checked
+
+
+def _finite(value) -> bool:
+    """No inf or NaN anywhere in a parameter value (lists and mappings looked into)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
 
 
 def build_parameters(paper: Paper, scale: str, overrides: dict | None, device: str | None) -> tuple[dict, dict]:
