@@ -56,14 +56,39 @@ def read_result(path) -> tuple[dict | None, str | None]:
     if not all(isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("id", "verdict", "expect"))
                for c in data["claims"]):
         return None, "is not a result file (a claim without id / expect / verdict)"
-    if data.get("error") is not None and not isinstance(data["error"], dict):
-        return None, "is not a result file (field error is not a mapping)"
+    if not _error_ok(data.get("error")):
+        return None, "is not a result file (field error is not a mapping with cell, ename and evalue)"
+    if not _counts_ok(data.get("counts")):
+        return None, "is not a result file (field counts is not {role: {verdict: count}})"
+    if not (data.get("report") is None or isinstance(data["report"], list)
+            and all(isinstance(r, dict) and isinstance(r.get("id"), str) for r in data["report"])):
+        return None, "is not a result file (field report is not a list of rows with an id)"
     for c in data["claims"]:
         if not _interval_ok(c.get("interval")) or not all(c.get(k) is None or isinstance(c[k], str)
-                                                         for k in ("partial", "reason", "text", "metric", "note")):
-            return None, printable(f"is not a result file (claim {c['id']!r}: interval or text fields of the wrong "
-                                   "type)", 200)
+                                                         for k in ("partial", "reason", "text", "metric", "note",
+                                                                   "role", "stored_verdict")) \
+                or not _also_seen_ok(c.get("also_seen")):
+            return None, printable(f"is not a result file (claim {c['id']!r}: interval, role, stored_verdict, "
+                                   "also_seen or text fields of the wrong type)", 200)
     return data, None
+
+
+def _error_ok(error) -> bool:
+    """None, or the notebook's failure: {cell: int or None, ename: str, evalue: str, ...}."""
+    return error is None or isinstance(error, dict) and isinstance(error.get("ename"), str) \
+        and isinstance(error.get("evalue"), str) and (error.get("cell") is None or isinstance(error["cell"], int))
+
+
+def _counts_ok(counts) -> bool:
+    """None, or {role: {verdict: count}} with whole counts >= 0."""
+    return counts is None or isinstance(counts, dict) and all(
+        isinstance(by, dict) and all(isinstance(v, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                     for v, n in by.items()) for by in counts.values())
+
+
+def _also_seen_ok(also_seen) -> bool:
+    """None, or {verdict: where it was seen}."""
+    return also_seen is None or isinstance(also_seen, dict) and all(isinstance(v, str) for v in also_seen.values())
 
 
 def _read_text(path: Path) -> str:

@@ -571,4 +571,5 @@ def mismatches(result: dict) -> list[str]:
         return repr(r["stored_verdict"]) + "".join(f" or {v!r}" for v in r.get("also_seen") or {})
     return [f"{r['id']}: got {r['verdict']!r}, claims file says {says(r)}"
             + (f" ({r['reason']})" if r.get("reason") else "")
-            for r in result["claims"] if r["verdict"] != r["stored_verdict"] and r["verdict"] not in (r.get("also_seen") or {})]
+            for r in result["claims"] if r.get("stored_verdict") is not None  # None: a file that never stored one
+            and r["verdict"] != r["stored_verdict"] and r["verdict"] not in (r.get("also_seen") or {})]
