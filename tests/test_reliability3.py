@@ -610,3 +610,20 @@ def test_full_disk_while_a_run_publishes_keeps_the_previous_result(tmp_path, cap
     assert "Traceback" not in err and len([l for l in err.splitlines() if "error:" in l]) == 1
     assert result.read_bytes() == before
     assert not list((tmp_path / "results").glob(".tiny-smoke.*.running"))
+
+
+# (14) the other privacy modules refuse a non-finite noise multiplier or clip, naming it ---------------------
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -1.0, True, "1"])
+def test_noise_multiplier_checks_in_fedsvd_cpa_and_gradient_inversion(bad):
+    from fedlab_nb.methods.privacy.cpa import dp_fc_gradient
+    from fedlab_nb.methods.privacy.fedsvd import lora_dp_method
+    from fedlab_nb.methods.privacy.gradient_inversion import clip_and_noise
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        clip_and_noise({"w": torch.ones(3)}, 1.0, bad, g)
+    with pytest.raises(ValueError, match="clip must be a finite number"):
+        clip_and_noise({"w": torch.ones(3)}, math.inf, 1.0, g)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        lora_dp_method(None, noise_multiplier=bad, clip_norm=1.0)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        dp_fc_gradient(torch.nn.Linear(2, 2), torch.ones(4, 2), torch.zeros(4, dtype=torch.long), 1.0, bad)

@@ -31,6 +31,7 @@ from torch import nn
 
 from fedlab_nb.core.registry import register
 from fedlab_nb.core.streams import register_stream
+from fedlab_nb.methods.privacy.dp import check_noise, check_positive
 
 CPA_STREAM = register_stream("cpa", 25)  # the random-unmixing baseline's draws and the DP noise of the notebook
 GAUSS_LOGCOSH = 0.3745672075  # E[log cosh ν], ν ~ N(0, 1): the Gaussian reference of the negentropy approximation
@@ -90,10 +91,8 @@ def dp_fc_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: flo
     `clip`, summed, Gaussian noise N(0, (z·clip)²) added per coordinate, divided by B (Abadi et al. 2016)."""
     from torch.func import functional_call, grad, vmap
     _check_batch(x, y)
-    if not clip > 0:
-        raise ValueError(f"clip must be > 0 (the per-sample L2 bound), got {clip!r}")
-    if not noise_multiplier >= 0:
-        raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier!r}")
+    clip = check_positive("clip", clip, "the per-sample L2 bound, e.g. clip=1.0")
+    noise_multiplier = check_noise(noise_multiplier)
     params = {k: v.detach() for k, v in model.named_parameters()}
 
     def loss_one(p, xi, yi):

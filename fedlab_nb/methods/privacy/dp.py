@@ -61,14 +61,14 @@ def clip_rows(updates: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, to
     return updates * scale[:, None], norms
 
 
-def _check_positive(name: str, value, fix: str) -> float:
+def check_positive(name: str, value, fix: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0 \
             or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}; {fix}")
     return float(value)
 
 
-def _check_noise(value) -> float:
+def check_noise(value) -> float:
     """A noise multiplier z: a finite number >= 0 (0: no noise, no privacy)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value >= 0 \
             or not math.isfinite(value):
@@ -106,7 +106,7 @@ class ClipUpdates(Transform):
 
     def __post_init__(self):
         if self.clip_norm is not None:
-            self.clip_norm = _check_positive("clip_norm", self.clip_norm, "e.g. ClipUpdates(1.0); None = adaptive")
+            self.clip_norm = check_positive("clip_norm", self.clip_norm, "e.g. ClipUpdates(1.0); None = adaptive")
 
     def __call__(self, msgs, cstate, ctx):
         adaptive = self.clip_norm is None
@@ -186,8 +186,8 @@ class DPAggregate:
     empty_rounds = "noise"  # a round nobody is sampled in still releases θ + N(0, σ²) (engine.server.quiet_round)
 
     def __post_init__(self):
-        self.noise_multiplier = _check_noise(self.noise_multiplier)
-        self.clip_norm = _check_positive("clip_norm", self.clip_norm, "the ℓ2 bound S on each client's update")
+        self.noise_multiplier = check_noise(self.noise_multiplier)
+        self.clip_norm = check_positive("clip_norm", self.clip_norm, "the ℓ2 bound S on each client's update")
         self.sampling_rate = _check_rate("sampling_rate (q)", self.sampling_rate)
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be 'fixed' (f̃_f, denominator qW) or 'clipped' (f̃_c, denominator "
@@ -199,7 +199,7 @@ class DPAggregate:
         if self.accountant not in accounting.ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {accounting.ACCOUNTANTS}, got {self.accountant!r}")
         self.delta = _check_delta(self.delta)
-        self.clip_lr = _check_positive("clip_lr", self.clip_lr, "the adaptive clip's learning rate η_C, e.g. 0.2")
+        self.clip_lr = check_positive("clip_lr", self.clip_lr, "the adaptive clip's learning rate η_C, e.g. 0.2")
         if self.adaptive:
             if not _is_number(self.target_quantile) or not 0 < self.target_quantile < 1:
                 raise ValueError(f"target_quantile (γ) must be in (0, 1), e.g. 0.5 for the median norm, "
@@ -211,7 +211,7 @@ class DPAggregate:
         for name in ("total_weight", "min_total_weight"):
             value = getattr(self, name)
             if value is not None:
-                _check_positive(name, value, "a total of the users' weights w_k (each ≤ 1)")
+                check_positive(name, value, "a total of the users' weights w_k (each ≤ 1)")
 
     # -- state and what the server sends ------------------------------------------------------------------
     def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
@@ -348,7 +348,7 @@ class CappedWeighting:
 
     def __post_init__(self):
         if self.cap is not None:
-            self.cap = _check_positive("cap", self.cap, "the per-user example cap ŵ (e.g. the median n_k)")
+            self.cap = check_positive("cap", self.cap, "the per-user example cap ŵ (e.g. the median n_k)")
 
     def init_state(self, theta, num_clients):
         return {}
@@ -388,8 +388,8 @@ class LocalGaussianNoise(Transform):
     key: str = "delta"
 
     def __post_init__(self):
-        self.clip_norm = _check_positive("clip_norm", self.clip_norm, "the ℓ2 bound S on each client's update")
-        self.noise_multiplier = _check_noise(self.noise_multiplier)
+        self.clip_norm = check_positive("clip_norm", self.clip_norm, "the ℓ2 bound S on each client's update")
+        self.noise_multiplier = check_noise(self.noise_multiplier)
 
     def __call__(self, msgs, cstate, ctx):
         clipped, _ = clip_rows(msgs[self.key], self.clip_norm)
@@ -409,7 +409,7 @@ class LocalDPAccounting:
     accountant: str = "rdp"
 
     def __post_init__(self):
-        self.noise_multiplier = _check_noise(self.noise_multiplier)
+        self.noise_multiplier = check_noise(self.noise_multiplier)
         self.delta = _check_delta(self.delta)
         if self.accountant not in accounting.ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {accounting.ACCOUNTANTS}, got {self.accountant!r}")

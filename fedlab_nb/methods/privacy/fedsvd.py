@@ -44,6 +44,7 @@ from ...engine import simulate
 from ...lora import LoRALayout, add_lora
 from ...utils import check_positive_int, rng
 from . import accounting
+from .dp import check_noise
 
 DP_SGD = register_stream("dp_sgd", 26)   # each client's Poisson batches and Gaussian noise in DP-SGD
 VARIANTS = ("fedsvd", "ffa", "dp_lora")
@@ -208,8 +209,7 @@ def lora_dp_method(model, variant: str = "fedsvd", *, local_steps: int = 10, sam
     check_positive_int("refactor_every", refactor_every)
     if not 0 < sample_rate <= 1:
         raise ValueError(f"sample_rate is the Poisson rate q of DP-SGD, in (0, 1]; got {sample_rate!r}")
-    if not noise_multiplier >= 0:
-        raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier!r}")
+    noise_multiplier = check_noise(noise_multiplier)
     if noise_multiplier and clip_norm is None:
         raise ValueError("noise without clipping bounds nothing: pass clip_norm (e.g. 2.0) with noise_multiplier > 0")
     layout = LoRALayout.of(model)

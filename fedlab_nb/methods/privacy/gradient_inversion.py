@@ -36,6 +36,7 @@ from torch.func import functional_call, grad
 from ...core.registry import register
 from ...core.streams import register_stream
 from ...utils import rng
+from .dp import check_noise, check_positive
 
 INVERSION = register_stream("gradient_inversion", 24)   # dummy-input initialisation and defence noise
 
@@ -84,8 +85,8 @@ def _check_steps(local_steps, local_lr):
 def clip_and_noise(message: dict, clip: float, noise_multiplier: float, generator: torch.Generator) -> dict:
     """DP-FedAvg's client step (McMahan et al., ICLR 2018): scale the whole message to L2 norm ≤ `clip`,
     then add N(0, (z·clip)²) to every coordinate — what an attacker sees of one client when z > 0."""
-    if not clip > 0 or noise_multiplier < 0:
-        raise ValueError(f"need clip > 0 and noise_multiplier >= 0, got clip={clip}, noise_multiplier={noise_multiplier}")
+    clip = check_positive("clip", clip, "the L2 bound of a client's message, e.g. clip=1.0")
+    noise_multiplier = check_noise(noise_multiplier)
     norm = torch.sqrt(sum((v ** 2).sum() for v in message.values()))
     scale = min(1.0, clip / max(float(norm), 1e-12))
     sd = noise_multiplier * clip
