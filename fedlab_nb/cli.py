@@ -465,10 +465,14 @@ def cmd_history(args) -> int:
     if path.suffix != ".csv" or not path.is_file():
         raise UsageError(f"{path} is not a History CSV file; give the path History.save(...) wrote (e.g. runs/dp.csv)")
     try:
-        summary = History.load(path).summary()  # text in a number column fails in summary(), not in load()
-    except (ValueError, TypeError, KeyError, OSError) as e:  # pandas' parse errors are ValueErrors; a bad .json too
-        why = printable((str(e).splitlines() or [type(e).__name__])[0], 200)
-        raise UsageError(f"cannot read {path} as a History ({why}); give a CSV that History.save(...) wrote, "
+        hist = History.load(path)
+    except (ValueError, OSError) as e:  # pandas' parse errors are ValueErrors; a bad .json sidecar names its fix
+        raise UsageError(f"cannot read {path} as a History: {e}") from None
+    try:
+        summary = hist.summary()  # text in a number column fails here, not in load()
+    except (ValueError, TypeError, KeyError) as e:
+        why = printable((str(e).splitlines() or [type(e).__name__])[0], 160)
+        raise UsageError(f"cannot summarise {path} as a History ({why}); give a CSV that History.save(...) wrote, "
                          "numbers in its number columns") from None
     print("\n".join(map(printable, summary.splitlines())))
     return 0
