@@ -54,8 +54,9 @@ def grid(run: Callable[..., Mapping | float], configs: Sequence[Mapping], seeds:
 
 
 def per_seed(frame: pd.DataFrame, metric: str, by: str | Sequence[str]) -> pd.DataFrame:
-    """One row per seed, one column per value of `by` (or per combination of several `by` columns)."""
-    return frame.pivot_table(index="seed", columns=by, values=metric, aggfunc="first").sort_index()
+    """One row per seed, one column per value of `by` (or per combination of several `by` columns); two rows for
+    the same seed and column are refused (pandas' ValueError), never silently dropped."""
+    return frame.pivot(index="seed", columns=by, values=metric).sort_index()
 
 
 def paired(frame: pd.DataFrame, metric: str, *, by: str, a, b, where: Mapping | None = None) -> np.ndarray:

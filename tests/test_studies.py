@@ -38,6 +38,8 @@ def test_paired_differences_follow_the_seed_and_the_filter():
     gain = studies.paired(frame, "acc", by="m", a=0.9, b=0.0, where={"rule": "median"})
     assert np.allclose(gain, [9, 9, 9])
     assert studies.per_seed(frame[frame.rule == "cc"], "acc", "m").shape == (3, 2)
+    with pytest.raises(ValueError):  # two rows per (seed, m) without the filter: refused, not the first kept
+        studies.per_seed(frame, "acc", "m")
     with pytest.raises(ValueError, match="one row per seed with m == 0.5"):
         studies.paired(frame, "acc", by="m", a=0.5, b=0.0, where={"rule": "median"})
     with pytest.raises(ValueError, match="one row per seed"):   # two rows per seed without the filter
