@@ -124,7 +124,12 @@ def _results(args, root: Path, write: bool = False) -> Path:
     """The results folder, absolute (a relative --results or $FEDLAB_NB_RESULTS is the caller's); refused when
     it is a file, and with `write` created and checked writable, each with a one-line error naming the fix."""
     path = Path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results").absolute()
-    if path.exists() and not path.is_dir():
+    try:
+        is_file = path.exists() and not path.is_dir()
+    except OSError as e:  # ENAMETOOLONG, EACCES on a parent ...
+        raise UsageError(f"--results {printable(str(path), 120)} cannot be used ({e.strerror or e}); give --results "
+                         "(or $FEDLAB_NB_RESULTS) a folder path that exists or can be made") from None
+    if is_file:
         raise UsageError(f"the results folder {path} is a file, not a folder: give --results (or $FEDLAB_NB_RESULTS) "
                          "a folder, or move the file away")
     return writable_folder(path) if write else path
@@ -212,7 +217,7 @@ def cmd_list(args) -> int:
         try:
             paper = C.load_paper(pid, root)
         except C.ReproError as e:
-            print(f"{pid}: INVALID: {e}", file=sys.stderr)
+            print(printable(f"{pid}: INVALID: {e}"), file=sys.stderr)  # the file name and text are a file's
             status = 1
             continue
         if not _wanted(paper, args):
@@ -329,7 +334,7 @@ def cmd_params(args) -> int:
         print(printable(f"  {name}: {given}{extra}"))
     example = next((r for r in rows if r["name"] not in ("scale", "device", "seed")), None)
     if example:
-        print(f"e.g. fedlab-nb run {paper.id} -p {example['name']} {example['default']}")
+        print(printable(f"e.g. fedlab-nb run {paper.id} -p {example['name']} {example['default']}"))
     return 0
 
 
@@ -433,18 +438,23 @@ def cmd_report(args) -> int:
     return 0
 
 
+MAX_NOTEBOOK_BYTES = 512 << 20   # lab copies notebooks/*.ipynb: a regular file of at most this size
+
+
 def cmd_lab(args) -> int:
     """Copy notebooks/*.ipynb into results/lab/ (keeping copies a user already changed, unless --fresh) and
     start JupyterLab there: the executed cells and their outputs stay out of the tracked notebooks."""
-    import shutil
-    from fedlab_nb.repro.files import make_folder, refuse_link
+    from fedlab_nb.repro.files import UnsafePathError, make_folder, read_regular, refuse_link, write_atomic
     root = _root(args)
     target = make_folder(_results(args, root, write=True) / "lab")
     copied = 0
     for nb in sorted((root / "notebooks").glob("*.ipynb")):
-        dest = refuse_link(target / nb.name)  # a link there would make the copy overwrite its target
+        if not nb.resolve().is_relative_to(root.resolve()):  # as runner.notebook_path: nothing from outside
+            raise UnsafePathError(f"{nb} is a link to {nb.resolve()}, outside the repository {root.resolve()}; "
+                                  "remove it or copy the notebook into notebooks/")
+        dest = refuse_link(target / nb.name)  # a symbolic link there is refused, a hard one replaced (write_atomic)
         if args.fresh or not dest.exists():
-            shutil.copyfile(nb, dest)
+            write_atomic(dest, read_regular(nb, MAX_NOTEBOOK_BYTES))  # a FIFO or device is refused, not read
             copied += 1
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={target}", *_lab_options(args)]
     print(f"{copied} notebooks copied to {target} (existing copies kept; --fresh replaces them)")

@@ -113,6 +113,7 @@ def _setup(method, fed, model="mlp", *, rounds=20, clients_per_round=10, local_e
 
 # --- server side -------------------------------------------------------------------------------------
 _METRICS = ("client-id", "num-examples", "steps", "train-loss", "bytes-up")   # what every training reply carries
+_MAX_COUNT = 2 ** 53   # counts (num-examples, steps, bytes-up): exact in float64, finite in float32, fit int64
 
 
 def _is_int(v) -> bool:
@@ -196,6 +197,8 @@ class MethodStrategy(Strategy):
             info = RoundInfo(server_round - 1, ids, torch.tensor([float(m["num-examples"]) for m in metrics], device=dev),
                              torch.tensor([float(m["steps"]) for m in metrics], device=dev), self.s.num_clients,
                              self.s.cfg.lr, self.theta, msgs, self.s.cfg.seed)
+            if not torch.isfinite(info.sizes.sum()):  # bounded counts keep this finite; a guard, not a silent inf
+                raise _refuse(server_round, f"clients {ids.tolist()}", "report num-examples whose sum is not finite")
             losses = torch.tensor([float(m["train-loss"]) for m in metrics], device=dev)
             row.update(bytes_up=int(msgs.bytes.sum()), bytes_down=len(self.sampled) * (self.theta_bytes + dense_bytes(
                 {k: v for k, v in self.down.items() if k != "theta"})))
@@ -219,6 +222,9 @@ class MethodStrategy(Strategy):
             raise _refuse(server_round, "several nodes", f"claims client ids {[k for k, _, _ in out]} (a repeat)")
         if not out:
             return out
+        if sum(m["num-examples"] for _, m, _ in out) == 0:  # nobody trained on anything: no weight to aggregate by
+            raise _refuse(server_round, ", ".join(f"client {k}" for k, _, _ in out), "reports num-examples = 0 (the "
+                          "round's total): at least one reply must have trained on examples")
         ref = Counter(_spec(e) for _, _, e in out).most_common(1)[0][0]
         for k, _, e in out:
             if _spec(e) != ref:
@@ -252,10 +258,10 @@ class MethodStrategy(Strategy):
             raise _refuse(r, who, f"comes from a client not sampled this round (sampled: {sorted(self.sampled.tolist())})")
         bad = [n for n in _METRICS if isinstance(metrics.get(n), bool) or not isinstance(metrics.get(n), (int, float))]
         bad += [n for n in ("num-examples", "steps", "bytes-up") if n not in bad
-                and not (math.isfinite(metrics[n]) and metrics[n] >= 0)]  # counts: finite and >= 0
+                and not (math.isfinite(metrics[n]) and 0 <= metrics[n] <= _MAX_COUNT)]  # int64 and float32 hold it
         if bad or set(metrics) - set(_METRICS):
             raise _refuse(r, f"client {k}", f"has metrics {sorted(metrics)} ({', '.join(f'{n}={metrics.get(n)!r}' for n in bad)}):"
-                          f" it must carry numbers {list(_METRICS)}, the counts finite and >= 0")
+                          f" it must carry numbers {list(_METRICS)}, the counts finite, >= 0 and <= 2^53")
         entries = {n: np.asarray(a.numpy()) for n, a in m.content["message"].items()}
         return int(k), metrics, entries
 
@@ -308,7 +314,7 @@ def _server_app(setup: _Setup, sink: Callable[[History], None], timeout: float) 
 # --- client side -------------------------------------------------------------------------------------
 def _client_id(context: Context, num_clients: int) -> int:
     k = context.node_config.get("partition-id")
-    if isinstance(k, str) and k.strip().isdigit():
+    if isinstance(k, str) and k.strip().isascii() and k.strip().isdecimal():  # not '³' or '①' (isdigit, no int)
         k = int(k)
     if not _is_int(k) or not 0 <= k < num_clients:
         raise ValueError(f"this SuperNode's node config partition-id={k!r}; it must be an integer client id in "

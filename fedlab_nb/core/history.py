@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pandas as pd
@@ -82,13 +84,28 @@ class History(pd.DataFrame):
 MAX_META_BYTES = 16 << 20  # History.save writes a few kB of run settings
 
 
+def _read_bounded(path: Path, limit: int, fix: str) -> bytes:
+    """path's bytes when it is a regular file of at most `limit` bytes: opened without blocking and checked on
+    the open descriptor, so a FIFO (st_size 0) or a link to /dev/zero is refused, not read; else a ValueError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise ValueError(f"{path} cannot be read ({e.strerror or e}); {fix}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file (a FIFO or a device), not History metadata; {fix}")
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError(f"{path} is over {limit >> 20} MB, not History metadata; {fix}")
+    return raw
+
+
 def _read_meta(meta_file: Path) -> dict:
     """The run settings History.save wrote beside the CSV: a JSON object, else a ValueError naming the file."""
     fix = "delete it (the rows load without it) or write it again with History.save"
-    if meta_file.stat().st_size > MAX_META_BYTES:
-        raise ValueError(f"{meta_file} is over {MAX_META_BYTES >> 20} MB, not History metadata; {fix}")
+    raw = _read_bounded(meta_file, MAX_META_BYTES, fix)
     try:
-        meta = json.loads(meta_file.read_bytes().decode("utf-8"))
+        meta = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ValueError(f"{meta_file} is not valid UTF-8 JSON ({str(e).splitlines()[0][:120]}); {fix}") from None
     if not isinstance(meta, dict):

@@ -422,6 +422,9 @@ class _StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):  # '? [a, b]': unhashable, and never a claims file's key
+                raise yaml.MarkedYAMLError(None, None, "a mapping key must be a plain name, not a list or a mapping",
+                                           key_node.start_mark)
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.MarkedYAMLError(None, None, f"duplicate key {key!r} (PyYAML would keep only the last); "
@@ -498,9 +501,12 @@ def load_claims(path: Path | str) -> Paper:
         for key in params:
             if not isinstance(key, str) or not _IDENT.match(key):
                 c.fail(f"{where}.parameters", f"has key {key!r}", "Python identifiers as parameter names")
+        seconds = c.value(entry, "seconds", f"{where}.seconds", (int, float), "a number of seconds", True)
+        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+            c.fail(f"{where}.seconds", f"is {seconds!r}", "a finite number of seconds > 0 (the run's rough time)")
         scales[str(name)] = {
             "device": c.value(entry, "device", f"{where}.device", (str,), "a device string such as 'cpu'", True),
-            "seconds": c.value(entry, "seconds", f"{where}.seconds", (int, float), "a number of seconds", True),
+            "seconds": seconds,
             "parameters": dict(params),
         }
 
@@ -585,7 +591,17 @@ def missing_requirements(paper: Paper) -> list[str]:
         if not isinstance(m, str) or not _MODULE.fullmatch(m) or len(m) > 200:
             raise ClaimsFileError(f"{paper.path}: field 'requires' has {str(m)[:80]!r}; expected dotted module "
                                   "names such as flwr or torch.func")
-    return [m for m in paper.requires if importlib.util.find_spec(m.split(".")[0]) is None]
+    return [m for m in paper.requires if not _importable(m.split(".")[0])]
+
+
+def _importable(name: str) -> bool:
+    """find_spec(name) is not None; a module it cannot look up ('__main__' without a spec raises ValueError)
+    counts as not importable."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def load_paper(paper_id: str, root: Path | None = None) -> Paper:

@@ -142,7 +142,22 @@ def _value(node, metrics: dict):
         return node[1]
     if kind == "metric":
         return metric_value(metrics, node[1])
-    return _ARITH[kind](_value(node[1], metrics), _value(node[2], metrics))
+    out = _ARITH[kind](_value(node[1], metrics), _value(node[2], metrics))
+    if isinstance(out, float) and not math.isfinite(out):  # e.g. metric * 1e308: a bound every value meets
+        raise MetricError(f"the expectation's arithmetic overflows to {out}")
+    return out
+
+
+def _check_finite(node, text: str) -> None:
+    """Refuse a constant part of an expression that folds to inf or NaN ('1e308 * 10'), at any step."""
+    if node[0] in ("num", "metric"):
+        return
+    _check_finite(node[1], text)
+    _check_finite(node[2], text)
+    x = _constant(node)
+    if isinstance(x, float) and not math.isfinite(x):
+        raise ExpectationError(f"expectation {_short(text)} has a constant that overflows to {x}; write a finite "
+                               "bound")
 
 
 def metric_value(metrics: dict, name: str):
@@ -175,7 +190,10 @@ class Expectation:
                 return bool(low <= value <= high)
             tol, relative, target = self.args  # 'within'
             x = _value(target, metrics)
-            return bool(abs(value - x) <= (tol * abs(x) if relative else tol))
+            bound = tol * abs(x) if relative else tol
+            if isinstance(bound, float) and not math.isfinite(bound):
+                raise MetricError(f"the tolerance of {self.text!r} overflows to {bound}")
+            return bool(abs(value - x) <= bound)
         except TypeError as e:  # e.g. a string metric compared with '<'
             raise MetricError(f"cannot evaluate {self.text!r} for value {value!r}: {e}") from None
 
@@ -244,4 +262,6 @@ def parse_expectation(text: str) -> Expectation:
             f"expectation {text!r} must start with <, <=, >, >=, ==, 'within' or 'between'")
     p.end()
     trees = [a for a in args if isinstance(a, tuple)]
+    for tree in trees:
+        _check_finite(tree, text)
     return Expectation(text.strip(), tok, args, frozenset().union(*map(_names, trees)))

@@ -41,6 +41,43 @@ def refuse_link(path) -> Path:
     return path
 
 
+def write_atomic(path, data: str | bytes) -> Path:
+    """Write `data` (text as UTF-8) to `path` through a temporary file in its folder and os.replace: a hard link
+    at `path` is replaced, never written through (its other name keeps its content); a symbolic link is refused."""
+    path = refuse_link(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        if isinstance(data, str):
+            Path(tmp).write_text(data, encoding="utf-8")
+        else:
+            Path(tmp).write_bytes(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the board and copies are ordinary user files
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_regular(path, limit: int) -> bytes:
+    """The bytes of `path` when it is a regular file of at most `limit` bytes (opened without blocking, so a
+    FIFO or a device is refused, not read); UnsafePathError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise UnsafePathError(f"cannot read {path} ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePathError(f"{path} is not a regular file (a FIFO, a device or a folder); remove it or "
+                                  "replace it with a file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UnsafePathError(f"{path} is over {limit} bytes; remove it or replace it with a smaller file")
+    return data
+
+
 def make_folder(path) -> Path:
     """mkdir -p, refusing a link at the folder or a file in its place."""
     path = refuse_link(path)
@@ -86,6 +123,10 @@ def run_lock(results_dir, paper_id: str, scale: str):
             os.close(fd)
             raise UnsafePathError(f"{path} is not a regular file, so it cannot be {paper_id}'s run lock; remove it "
                                   "(nothing else belongs there) or give --results another folder")
+        if os.fstat(fd).st_nlink > 1:  # a hard link: truncating it would truncate its other name's file
+            os.close(fd)
+            raise UnsafePathError(f"{path} is a hard link to another file, so it cannot be {paper_id}'s run lock; "
+                                  "remove it (nothing else belongs there) or give --results another folder")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -434,9 +434,9 @@ def build_report(results_dir="results", root=None) -> str:
     results_dir = Path(results_dir)
     results = load_results(results_dir, root)
     text = markdown(results, results_dir)
-    from .files import make_folder, refuse_link
+    from .files import make_folder, write_atomic
     make_folder(results_dir)
     page = html_page(results, results_dir)
-    refuse_link(results_dir / "REPORT.md").write_text(text)  # a link there would make the board overwrite its target
-    refuse_link(results_dir / "index.html").write_text(page)
+    write_atomic(results_dir / "REPORT.md", text)  # a link there is refused (symbolic) or replaced (hard), never
+    write_atomic(results_dir / "index.html", page)  # written through to its target
     return text

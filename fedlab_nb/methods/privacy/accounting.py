@@ -18,6 +18,12 @@ import math
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("poisson", "fixed")
+# ε decreases in z and is already 0.0 at z = 1e6; above this dp_accounting's RDP arithmetic overflows
+_Z_CAP = 1e100
+# PLD discretises the privacy loss, whose range for one Gaussian round is ~ 2·sqrt(2·50)/z wide (tails cut at
+# e^-50), into buckets of 1e-4: z = 0.2 is ~1e6 buckets per round (seconds); z = 1e-3 would need tens of GiB
+_PLD_MIN_Z = 0.2
+_PLD_MAX_STEPS = 10**7
 
 
 def _number(name: str, value) -> None:
@@ -58,6 +64,16 @@ def _check(q: float, noise_multiplier: float, steps: int, delta: float, accounta
         raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
     if sampling == "fixed" and accountant != "rdp":
         raise ValueError("fixed-size sampling is accounted by the RDP accountant only; pass accountant='rdp'")
+    if accountant == "pld" and steps > _PLD_MAX_STEPS:
+        raise ValueError(f"steps={steps} is too many for the PLD accountant (at most {_PLD_MAX_STEPS:.0e}); "
+                         "use accountant='rdp'")
+
+
+def _check_pld_noise(noise_multiplier: float) -> None:
+    if 0 < noise_multiplier < _PLD_MIN_Z:
+        raise ValueError(f"noise_multiplier z={noise_multiplier!r} is too small for the PLD accountant (z >= "
+                         f"{_PLD_MIN_Z}: about {20 / (noise_multiplier * 1e-4):.0e} buckets per round, GiB and "
+                         "minutes per call); use accountant='rdp' (a valid upper bound on ε)")
 
 
 def dp_event(q: float, noise_multiplier: float, steps: int, sampling: str = "poisson"):
@@ -79,6 +95,9 @@ def epsilon(q: float, noise_multiplier: float, steps: int, delta: float, account
         return 0.0
     if noise_multiplier == 0:
         return math.inf
+    if accountant == "pld":
+        _check_pld_noise(noise_multiplier)
+    noise_multiplier = min(noise_multiplier, _Z_CAP)  # ε(z) <= ε(1e100) = 0: an upper bound, no overflow
     acc = _accountant_for(accountant, sampling)
     with _quiet_absl():
         return float(acc.compose(dp_event(q, noise_multiplier, steps, sampling)).get_epsilon(delta))
@@ -93,6 +112,8 @@ def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float,
     import dp_accounting as dpa
     _check(q, 1.0, steps, delta, accountant, sampling)
     q, steps, delta = float(q), int(steps), float(delta)
+    if steps == 0:
+        raise ValueError("steps must be >= 1 to calibrate noise (with steps=0 any noise_multiplier spends ε = 0)")
     _number("target_epsilon", target_epsilon)
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r} (ε = inf needs no "
@@ -100,9 +121,15 @@ def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float,
     bracket = dpa.LowerEndpointAndGuess(1e-3, 1.0)
     if accountant == "pld":
         upper = noise_for_epsilon(target_epsilon, q, steps, delta, "rdp", sampling)
-        lower = 0.8 * upper  # PLD usually needs 5-15 % less noise than RDP says
-        while lower > 0.05 and epsilon(q, lower, steps, delta, "pld", sampling) <= target_epsilon:
-            lower /= 2  # until PLD's ε at `lower` exceeds the target: [lower, upper] brackets the answer
+        if upper < _PLD_MIN_Z:
+            raise ValueError(f"target_epsilon={target_epsilon!r} needs noise_multiplier z ~ {upper:.3g}, too small "
+                             f"for the PLD accountant (z >= {_PLD_MIN_Z}); use accountant='rdp'")
+        lower = max(0.8 * upper, _PLD_MIN_Z)  # PLD usually needs 5-15 % less noise than RDP says
+        while epsilon(q, lower, steps, delta, "pld", sampling) <= target_epsilon:
+            if lower <= _PLD_MIN_Z:
+                raise ValueError(f"target_epsilon={target_epsilon!r} needs noise_multiplier z < {_PLD_MIN_Z}, too "
+                                 "small for the PLD accountant; use accountant='rdp'")
+            lower = max(lower / 2, _PLD_MIN_Z)  # until PLD's ε at `lower` exceeds the target: a bracket
         bracket = dpa.ExplicitBracketInterval(lower, upper)
     with _quiet_absl():
         return float(dpa.calibrate_dp_mechanism(lambda: _accountant_for(accountant, sampling),

@@ -133,6 +133,7 @@ def central_epsilon(q: float, noise_multiplier: float, rounds: int, delta: float
     """ε of DP-FedAvg after `rounds` (user-level). Poisson sampling: add/remove-one neighbours, the sum's
     sensitivity is S, noise multiplier z. Fixed-size sampling: replace-one neighbours (the number of users is
     public), a replaced user moves the sum by up to 2S, so the accountant gets z/2."""
+    accounting._check(q, noise_multiplier, rounds, delta, accountant, sampling)  # no silent coercion
     z = noise_multiplier if sampling == "poisson" else noise_multiplier / 2
     return _epsilon(float(q), float(z), int(rounds), float(delta), accountant, sampling)
 
@@ -140,6 +141,7 @@ def central_epsilon(q: float, noise_multiplier: float, rounds: int, delta: float
 def local_epsilon(noise_multiplier: float, participations: int, delta: float, accountant: str = "rdp") -> float:
     """ε of one client under local DP after `participations` Gaussian releases of its clipped update with
     noise z·S: two inputs differ by ≤ 2S, so each release has noise multiplier z/2; no sampling amplification."""
+    accounting._check(1.0, noise_multiplier, participations, delta, accountant, "poisson")  # no silent coercion
     return _epsilon(1.0, float(noise_multiplier) / 2, int(participations), float(delta), accountant, "poisson")
 
 

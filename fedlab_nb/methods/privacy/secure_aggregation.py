@@ -60,6 +60,7 @@ STAGES = ("advertise_keys", "share_keys", "masked_input", "unmasking")
 KEY_BYTES, SEED_BYTES, NONCE_BYTES, BLOCK = 32, 16, 12, 16
 _ID = struct.Struct("<I")       # a user id on the wire
 B_SHARE, S_SHARE = 0, 1         # kinds of unmasking shares
+_KIND = {B_SHARE: "b", S_SHARE: "s^SK"}
 
 
 class SecAggAbort(ValueError):
@@ -342,6 +343,14 @@ class SecAggServer:
     def collect_keys(self, msgs: dict[int, bytes]) -> bytes:
         msgs = self._checked("AdvertiseKeys", msgs, self.users, 2 * KEY_BYTES)
         self.u1 = self._require("AdvertiseKeys", msgs)
+        owners = {}                                      # public key → users advertising it
+        for u in self.u1:
+            for key in (msgs[u][:KEY_BYTES], msgs[u][KEY_BYTES:]):
+                owners.setdefault(key, []).append(u)
+        for users in owners.values():
+            if len(users) > 1:
+                raise SecAggAbort(f"AdvertiseKeys: users {sorted(set(users))} advertised the same public key (a "
+                                  f"copied key, or one user's two keys are equal); {_FIX}")
         self.public_keys = {u: msgs[u] for u in self.u1}
         return b"".join(_ID.pack(u) + self.public_keys[u] for u in self.u1)
 
@@ -372,17 +381,22 @@ class SecAggServer:
         self.u5 = self._require("Unmasking", msgs)
         t, m, bits = self.params.threshold, self.params.length, self.params.bits
         index = {u: i + 1 for i, u in enumerate(self.u1)}
-        shares = {}                                      # (v, kind) → [(index of holder, share)]
+        shares, sender = {}, {}                          # (v, kind) → [(index of holder, share)]; share → holder
         for u in self.u5:
             for v, kind, share in self._unmasking_shares(u, msgs[u]):
+                if (v, kind, share) in sender:  # two holders' shares of one secret differ (but for 2^-128)
+                    raise SecAggAbort(f"Unmasking: client {sender[v, kind, share]} and client {u} sent the same "
+                                      f"share of user {v}'s {_KIND[kind]} (one replayed the other's message); {_FIX}")
+                sender[v, kind, share] = u
                 shares.setdefault((v, kind), []).append((index[u], share))
+        holders = {i: u for u, i in index.items()}
         z = np.zeros(m, dtype=np.uint64)
         for u in self.u3:
             z += self.masked[u]
         for u in self.u3:
-            z -= prg(combine_secret(self._enough(shares, u, B_SHARE, t)), m, bits)
+            z -= prg(self._rebuild(shares, u, B_SHARE, t, holders), m, bits)
         for v in sorted(set(self.u2) - set(self.u3)):
-            s_sk = X25519PrivateKey.from_private_bytes(combine_secret(self._enough(shares, v, S_SHARE, t)))
+            s_sk = X25519PrivateKey.from_private_bytes(self._rebuild(shares, v, S_SHARE, t, holders))
             for u in self.u3:
                 mask = prg(agree(s_sk, self.public_keys[u][KEY_BYTES:], b"secagg mask"), m, bits)
                 z = z - mask if u > v else z + mask    # remove u's Δ_{u,v} PRG(s_{u,v}) term
@@ -411,13 +425,25 @@ class SecAggServer:
                          f"for each user of U2 {list(self.u2)}")
         return out
 
-    @staticmethod
-    def _enough(shares: dict, v: int, kind: int, t: int) -> list:
+    def _rebuild(self, shares: dict, v: int, kind: int, t: int, holders: dict) -> bytes:
+        """User v's b (kind B_SHARE) or s^SK from the first t shares, checked: with a (t+1)-th share the other
+        t-subset must give the same secret, and a rebuilt s^SK must give v's advertised s^PK; else abort
+        naming the clients whose shares were used (one of them sent a corrupted or replayed share)."""
         got = shares.get((v, kind), [])
         if len(got) < t:
-            raise SecAggAbort(f"Unmasking: {len(got)} shares of user {v}'s {'b' if kind == B_SHARE else 's^SK'}, "
+            raise SecAggAbort(f"Unmasking: {len(got)} shares of user {v}'s {_KIND[kind]}, "
                               f"fewer than the threshold t={t}")
-        return got[:t]
+        secret = combine_secret(got[:t])
+        bad = len(got) > t and combine_secret(got[1:t + 1]) != secret
+        if not bad and kind == S_SHARE:
+            public = X25519PrivateKey.from_private_bytes(secret).public_key().public_bytes_raw()
+            bad = public != self.public_keys[v][KEY_BYTES:]
+        if bad:
+            used = " and ".join(f"client {holders[i]}" for i, _ in got[:t + 1])
+            raise SecAggAbort(f"Unmasking: user {v}'s {_KIND[kind]} rebuilt from the shares sent by {used} does not "
+                              f"check (inconsistent shares{' or not its advertised s^PK' if kind == S_SHARE else ''}): "
+                              f"one of them sent a corrupted or replayed share; {_FIX}")
+        return secret
 
 
 # --- a whole run ---------------------------------------------------------------------------------------
@@ -621,6 +647,10 @@ class SecureAggregation(Transform):
         if bad.any():  # quantisation would turn NaN into 0 and clip inf: the secure sum would be silently wrong
             raise ValueError(f"secure aggregation: client {ids[int(np.argmax(bad))]} sent a non-finite '{self.key}' "
                              "(NaN or inf); fix its local training (a smaller lr, or clip the update) before summing")
+        if self.client_sizes is not None and max(ids, default=-1) >= len(self.client_sizes):
+            raise ValueError(f"secure aggregation: client_sizes has {len(self.client_sizes)} entries but client "
+                             f"{max(ids)} takes part; pass one size per client of the federation (client_sizes="
+                             "fed.sizes)")
         w = np.array([1 if self.client_sizes is None else self.client_sizes[k] for k in ids], dtype=np.int64)
         fp = FixedPoint(self.clip, self.scale, self.bits)
         fp.check_capacity(int(w.sum()))
