@@ -32,7 +32,8 @@ from .evaluate import Evaluator
 from .history import History
 from .rows import RoundRows
 from .sampling import make_sampler
-from .server import RunConfig, _local_jobs, build_model, pick_backend, server_update
+from ..core.optim import client_lr
+from .server import RunConfig, _local_jobs, build_model, choose_backend, kernel, server_update
 
 
 def seed_batchable(method: Method) -> str | None:
@@ -44,7 +45,7 @@ def seed_batchable(method: Method) -> str | None:
     probe = torch.zeros(2)
     if method.objective.client_state(probe):
         return f"{method.name} keeps per-client state"
-    if method.objective.correction(probe, probe, None) is not None or getattr(method.objective, "extra_loss", None):
+    if method.objective.correction(probe, probe, None) is not None or method.objective.extra_loss is not None:
         return f"{method.name}'s local objective is anchored at the global model (one anchor per run)"
     return None
 
@@ -72,7 +73,7 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
     models = [build_model(model, f, s, model_kwargs) for f, s in zip(feds, seeds)]
     groups = method.groups.resolve(param_spec(models[0]))
     loss_fn = make_loss(models[0])
-    train = pick_backend(cfgs[0], method, models[0])
+    train = kernel(choose_backend(cfgs[0], method, models[0]))
     thetas = [flatten_params(m).to(f.device) for m, f in zip(models, feds)]
     states = [method.init_state(t, f.num_clients) for t, f in zip(thetas, feds)]
     samplers = [make_sampler(clients_per_round, f.num_clients) for f in feds]
@@ -116,6 +117,7 @@ def _train_together(train, loss_fn, method, thetas, jobs, lr, groups, reused: Ro
 def _server_half(method, state, theta, trained, r, ids, jobs, fed, lr, seed, groups):
     """The method's client finish and server update for one run."""
     W, losses = trained
+    lr = client_lr(method.optimizer, lr)  # the clients' step size, as simulate's finish and RoundInfo get it
     dev, dt = theta.device, theta.dtype
     steps = torch.tensor([float(len(j.batches)) for j in jobs], device=dev, dtype=dt)
     entries, _ = method.client.finish({"w": W.clone()}, theta, {"theta": theta}, {}, steps, lr, method, groups)
