@@ -11,12 +11,12 @@ from .method import (ActsInEmptyRounds, Broadcasts, ClientUpdate, DataSizeWeight
                      UniformWeighting, UsesContext, weighted_mean)
 from .optim import SGD, Adam, client_lr, make_optimizer
 from .registry import REGISTRY, register
-from .round import LocalJob, batch_schedule
+from .round import DataPoison, LocalJob, ScoredPoison, batch_schedule
 from .streams import STREAMS, register_stream
 
 __all__ = ["ParamGroups", "ResolvedGroups", "History", "Messages", "Transform", "TransformContext", "dense_bytes",
            "encode", "ClientUpdate", "DataSizeWeighting", "LocalContext", "LocalObjective", "Method", "OwnTraining",
            "RoundInfo", "ServerAssign", "ServerKeep", "ServerSGD", "Track", "StatefulRule", "UsesContext", "Broadcasts",
            "Reports", "ActsInEmptyRounds",
-           "UniformWeighting", "weighted_mean", "SGD", "Adam", "client_lr", "make_optimizer", "REGISTRY", "register", "LocalJob",
+           "UniformWeighting", "weighted_mean", "SGD", "Adam", "client_lr", "make_optimizer", "REGISTRY", "register", "LocalJob", "DataPoison", "ScoredPoison",
            "batch_schedule", "STREAMS", "register_stream"]

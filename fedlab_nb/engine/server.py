@@ -19,6 +19,7 @@ import torch
 from ..core.messages import Messages, TransformContext, dense_bytes
 from ..core.method import ClientUpdate, LocalContext, Method, OwnTraining, RoundInfo
 from ..core.optim import client_lr
+from ..core.round import DataPoison, ScoredPoison
 from ..core.streams import ATTACK, BATCHES, DOWNLINK, POISON, SAMPLE, STRAGGLE, TRANSFORM
 from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
@@ -95,13 +96,14 @@ def byzantine_ids(byzantine) -> tuple:
 
 # --- the work of one round ----------------------------------------------------------------------------
 def local_job(fed: FederatedDataset, k: int, cfg: RunConfig, rnd: int, ctx: torch.Tensor | None,
-              steps: int | None = None, track: int = 0, epochs: int | None = None) -> LocalJob:
-    """Client k's work in round `rnd`: its data and its batch schedule keyed by (seed, BATCHES, rnd, k);
-    a straggler (`cfg.stragglers`) does only a random prefix of it (systems heterogeneity). A method's
-    extra training track (`track` > 0, e.g. Ditto's personal steps) gets its own keyed schedule; `epochs`
-    (a track's own passes, e.g. FedRep's head epochs) replaces the run's E and local_steps."""
+              steps: int | None = None, track: int = 0, epochs: int | None = None,
+              poison: DataPoison | None = None) -> LocalJob:
+    """Client k's work in round `rnd`: its data (rewritten by the run's `poison` if k is one of its clients) and
+    its batch schedule keyed by (seed, BATCHES, rnd, k); a straggler (`cfg.stragglers`) does only a random prefix
+    of it (systems heterogeneity). A method's extra training track (`track` > 0, e.g. Ditto's personal steps)
+    gets its own keyed schedule; `epochs` (a track's own passes, e.g. FedRep's head epochs) replaces the run's
+    E and local_steps."""
     x, y = fed.client_train[k]
-    poison = cfg.extra.get("poison")
     if poison is not None and k in poison.clients:  # data poisoning: this round's rows of this client, keyed
         x, y = poison(k, rnd, x, y, rng(cfg.seed, POISON, rnd, k))
     g = rng(cfg.seed, BATCHES, rnd, k) if track == 0 else rng(cfg.seed, BATCHES, rnd, k, track)
@@ -119,8 +121,8 @@ def _stragglers(num_clients: int, cfg: RunConfig, rnd: int) -> set:
 
 
 def _local_jobs(fed, client_ids, cfg: RunConfig, rnd: int, ctx, steps=None, track: int = 0,
-                epochs=None) -> list[LocalJob]:
-    return [local_job(fed, k, cfg, rnd, None if ctx is None else ctx[i], steps, track, epochs)
+                epochs=None, poison: DataPoison | None = None) -> list[LocalJob]:
+    return [local_job(fed, k, cfg, rnd, None if ctx is None else ctx[i], steps, track, epochs, poison)
             for i, k in enumerate(client_ids)]
 
 
@@ -156,6 +158,7 @@ class RoundSetup:
     train: Callable         # the kernel: train_clients_loop, train_clients_vmap or train_clients_fused
     rows: RoundRows = field(default_factory=RoundRows)  # each track's rows matrix, reused across rounds
     backend: str = "loop"   # the kernel's name (`choose_backend`), recorded in the History's meta
+    poison: DataPoison | None = None   # the run's data poison (`simulate(poison=...)`)
 
     @property
     def lr(self) -> float:
@@ -165,11 +168,10 @@ class RoundSetup:
 
 def local_context(s: RoundSetup, r: int) -> LocalContext:
     """What a method's own training sees of round r (`core.method.LocalContext`), instead of the setup."""
-    poison = s.cfg.extra.get("poison")
     return LocalContext(lr=s.lr, loss_fn=s.loss_fn, fed=s.fed, round=r, seed=s.cfg.seed, kernel=s.train,
                         backend=s.backend, optimizer=s.method.optimizer, groups=s.groups, batch_size=s.cfg.batch_size,
                         local_epochs=s.cfg.local_epochs, local_steps=s.cfg.local_steps,
-                        poisoned=frozenset() if poison is None else frozenset(poison.clients))
+                        poisoned=frozenset() if s.poison is None else frozenset(s.poison.clients))
 
 
 def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
@@ -178,7 +180,7 @@ def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
     method, theta, m = s.method, down["theta"], len(ids)
     cu, done, losses, first = method.client, {}, None, None
     if isinstance(cu, OwnTraining):  # a method whose local training is its own (FRL's edge-popup on rankings)
-        jobs = _local_jobs(s.fed, ids, s.cfg, r, None)
+        jobs = round_jobs(s, r, ids)
         entries, new, losses = cu.local_train(method, local_context(s, r), jobs, down, cstate)
         return entries, new, losses, jobs
     bufs = _round_buffers(s, cstate, m, theta)
@@ -187,7 +189,7 @@ def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
         groups = s.groups if same else track.groups.resolve(s.groups.spec)
         obj_state = {k[len("objective."):]: v for k, v in cstate.items() if k.startswith("objective.")}
         ctx = track.objective.context(down, obj_state)
-        jobs = _local_jobs(s.fed, ids, s.cfg, r, ctx, track.steps, t, track.epochs)
+        jobs = round_jobs(s, r, ids, ctx, track.steps, t, track.epochs)
         W0 = cu.start(track, theta, down, cstate, done, groups, m)
         done[track.name], l = s.train(s.loss_fn, theta, jobs, s.cfg.lr, track.objective, start=W0,
                                       optimizer=track.optimizer, groups=groups, weights=True,
@@ -201,9 +203,27 @@ def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
         same = (rows == rows[0]).all(0)  # buffers no client changed (frozen weights) stay bit-exact, no mean rounding
         mean[same] = rows[0, same]
         load_buffers(s.loss_fn.model, mean)
-    steps = torch.tensor([float(len(j.batches)) for j in first], device=theta.device)
-    entries, new = cu.finish(done, theta, down, cstate, steps, s.lr, method, s.groups)
+    entries, new = finish_clients(s, done, theta, down, cstate, first)
     return entries, new, losses, first
+
+
+def round_jobs(s: RoundSetup, r: int, ids, ctx=None, steps=None, track: int = 0, epochs=None) -> list[LocalJob]:
+    """The round's clients' work on one track (`local_job`), with the run's data poison."""
+    return _local_jobs(s.fed, ids, s.cfg, r, ctx, steps, track, epochs, s.poison)
+
+
+def finish_clients(s: RoundSetup, done: dict, theta: torch.Tensor, down: dict, cstate: dict, jobs) -> tuple[dict, dict]:
+    """The client update's `finish` (final) on the trained rows `done`: (message entries, new client state)."""
+    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=theta.device)
+    return s.method.client.finish(done, theta, down, cstate, steps, s.lr, s.method, s.groups)
+
+
+def round_info(s: RoundSetup, r: int, ids, jobs, theta: torch.Tensor, msgs: Messages) -> RoundInfo:
+    """What the server knows about round r when it aggregates (sizes and steps in θ's float dtype)."""
+    fdt = theta.dtype if theta.is_floating_point() else None  # float64 runs weight in float64
+    sizes = torch.tensor([float(len(j.y)) for j in jobs], device=theta.device, dtype=fdt)
+    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=theta.device, dtype=fdt)
+    return RoundInfo(r, np.asarray(ids), sizes, steps, s.fed.num_clients, s.lr, theta, msgs, s.cfg.seed)
 
 
 def _round_buffers(s: RoundSetup, cstate: dict, m: int, theta: torch.Tensor) -> dict:
@@ -277,10 +297,7 @@ def run_round(s: RoundSetup, state: dict, theta: torch.Tensor, store: ClientStor
     msgs, cstate = uplink(s, r, msgs, cstate, byz, attack, theta, down)
     if cstate:
         store.scatter(ids, cstate)
-    fdt = theta.dtype if theta.is_floating_point() else None  # float64 runs weight in float64
-    sizes = torch.tensor([float(len(j.y)) for j in jobs], device=dev, dtype=fdt)
-    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=dev, dtype=fdt)
-    info = RoundInfo(r, np.asarray(ids), sizes, steps, s.fed.num_clients, s.lr, theta, msgs, s.cfg.seed)
+    info = round_info(s, r, ids, jobs, theta, msgs)
     others = dense_bytes({k: v for k, v in down.items() if k != "theta"})
     wire = {"bytes_up": int(msgs.wire_bytes().sum()), "bytes_down": len(ids) * (theta_bytes + others)}
     theta, state, loss = server_update(s.method, state, theta, info, msgs, losses, s.cfg.on_nonfinite, s.groups)
@@ -380,8 +397,8 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
 
 
 def check_poison(poison, num_clients: int) -> None:
-    """A poison must be callable and name clients of this federation."""
-    if not callable(poison) or not hasattr(poison, "clients"):
+    """A poison must be a `core.round.DataPoison` (callable, with `clients`) naming clients of this federation."""
+    if not isinstance(poison, DataPoison):
         raise TypeError("poison must be a callable with a `clients` attribute, e.g. "
                         "fedlab_nb.methods.robustness.poison.LabelFlip(...) or PixelTrigger(...); "
                         f"got {type(poison).__name__}")
@@ -423,7 +440,6 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     cfg.validate(fed.num_clients)
     if poison is not None:
         check_poison(poison, fed.num_clients)
-        cfg.extra["poison"] = poison
     if device is not None:
         fed.to(device)
     dev = fed.device
@@ -433,7 +449,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     sampler = make_sampler(clients_per_round, K)
     groups = method.groups.resolve(param_spec(model))
     backend = choose_backend(cfg, method, model)
-    setup = RoundSetup(method, fed, cfg, make_loss(model, loss), groups, kernel(backend), backend=backend)
+    setup = RoundSetup(method, fed, cfg, make_loss(model, loss), groups, kernel(backend), backend=backend, poison=poison)
     evaluator = Evaluator(model, fed, loss)
     byz = torch.zeros(K, dtype=torch.bool)
     byz[list(cfg.byzantine)] = True
@@ -441,7 +457,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     theta = flatten_params(model).to(dev)
     state, rows, start = method.init_state(theta, K), [], 0
     store = ClientStore(_client_defaults(method, theta, groups, model), K, store_device)
-    run_id = fingerprint(cfg, method, fed, model, sampler, attack, loss)
+    run_id = fingerprint(cfg, method, fed, model, sampler, attack, loss, poison)
     meta = {"method": method.name, "dataset": fed.dataset.name, "partition": fed.partition.name,
             "clients": K, **{k: v for k, v in asdict(cfg).items() if k != "extra"}, "device": str(dev),
             "fingerprint": run_id, "backend_used": backend}
@@ -465,7 +481,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
         row.update(out)
         if (r + 1) % eval_every == 0 or r + 1 == rounds:
             row.update(evaluator(theta, *personal_models(setup, r, theta, store, state)))
-            if hasattr(poison, "evaluate"):
+            if isinstance(poison, ScoredPoison):
                 row.update(poison.evaluate(model, theta, fed))
         rows.append(row)
         if ckpt:
