@@ -85,6 +85,18 @@ class ActsInEmptyRounds(Protocol):
     empty_rounds: str | None
 
 
+_DECLARED: dict = {}
+
+
+def declares(part, hooks: type) -> bool:
+    """isinstance(part, hooks) for one of the hook Protocols above, remembered per class: a part declares its hooks
+    in its class body (a rule function is a plain rule), and a Protocol check costs ~25 µs, several per round."""
+    key = (type(part), hooks)
+    if key not in _DECLARED:
+        _DECLARED[key] = isinstance(part, hooks)
+    return _DECLARED[key]
+
+
 # --- local objectives ------------------------------------------------------------------------------
 @dataclass
 class LocalObjective:
@@ -361,7 +373,7 @@ class Method:
     @property
     def empty_rounds(self) -> str | None:
         """What a round without updates does (`ActsInEmptyRounds`; None for any other rule)."""
-        return self.rule.empty_rounds if isinstance(self.rule, ActsInEmptyRounds) else None
+        return self.rule.empty_rounds if declares(self.rule, ActsInEmptyRounds) else None
 
     @property
     def vmappable(self) -> bool:
@@ -369,7 +381,7 @@ class Method:
 
     def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
         parts = {"objective": self.objective, "weighting": self.weighting, "server_opt": self.server_opt}
-        if isinstance(self.rule, StatefulRule):
+        if declares(self.rule, StatefulRule):
             parts["rule"] = self.rule
         parts.update({f"downlink{i}": t for i, t in enumerate(self.downlink)})
         return {k: p.init_state(theta, num_clients) for k, p in parts.items()}
@@ -377,7 +389,7 @@ class Method:
     def broadcast(self, state: dict, theta: torch.Tensor) -> dict:
         """What the server sends each sampled client: θ, the objective's and a stateful rule's shared tensors."""
         down = {"theta": theta, **self.objective.broadcast(state["objective"])}
-        if isinstance(self.rule, Broadcasts) and "rule" in state:
+        if declares(self.rule, Broadcasts) and "rule" in state:
             down.update(self.rule.broadcast(state["rule"]))
         return down
 
@@ -386,7 +398,7 @@ class Method:
         parts = {"objective": self.objective, "weighting": self.weighting, "rule": self.rule, "server_opt": self.server_opt}
         out = {}
         for name, part in parts.items():
-            if isinstance(part, Reports) and name in state:
+            if declares(part, Reports) and name in state:
                 out.update(part.metrics(state[name]))
         return out
 
@@ -405,8 +417,8 @@ class Method:
         scale = 1.0
         if self.normalisation is not None:
             deltas, scale = self.normalisation(deltas, weights, info.steps)
-        context = {"info": info} if isinstance(self.rule, UsesContext) and self.rule.uses_context else {}
-        if isinstance(self.rule, StatefulRule):
+        context = {"info": info} if declares(self.rule, UsesContext) and self.rule.uses_context else {}
+        if declares(self.rule, StatefulRule):
             agg, state["rule"] = self.rule.aggregate(state["rule"], deltas, weights, **context)
         else:
             agg = self.rule(deltas, weights, **context)
