@@ -364,6 +364,7 @@ class Method:
     downlink: tuple = ()                              # server → client steps on the broadcast θ (compression)
     client: ClientUpdate = field(default_factory=ClientUpdate)
     aggregate_key: str = "delta"                      # the message entry weighting/rule/server step act on
+    flower_compatible = True   # False: not a sequence of Flower rounds (fedlab_nb.flower refuses it); not a field
 
     def __post_init__(self):
         self.optimizer = make_optimizer(self.optimizer)
