@@ -89,7 +89,7 @@ def _check_method(method) -> Method:
     if not isinstance(method, Method):
         raise ValueError(f"method must be a fedlab_nb Method (or its name), got {type(method).__name__}: only "
                          "round-based methods run on Flower; closed-form one-shot methods (e.g. AFL) do not")
-    if getattr(method, "flower_compatible", True) is False:
+    if not method.flower_compatible:
         raise ValueError(f"method {method.name!r} is flagged flower_compatible=False: it is not a sequence of "
                          "client-update / server-aggregate rounds, so it cannot run as a Flower strategy")
     return method

@@ -12,7 +12,7 @@ import torch
 
 import fedlab_nb as fl
 from fedlab_nb.engine.client import make_loss, train_clients_loop
-from fedlab_nb.engine.server import RoundSetup, RunConfig, build_model, local_job
+from fedlab_nb.engine.server import RoundSetup, RunConfig, build_model, local_context, local_job
 from fedlab_nb.methods.personalisation.fedavg_ft import FINETUNE
 from fedlab_nb.methods.heads import BODY, HEAD, HeadSplit
 from fedlab_nb.models import buffer_spec, flatten_buffers, flatten_params, load_flat, make_model, param_spec
@@ -123,7 +123,7 @@ def test_fedavg_ft_personal_models_equal_a_hand_loop(digits_fed):
     groups = method.groups.resolve(param_spec(model))
     for kernel in (train_clients_loop, fl.engine.batched.train_clients_vmap):
         setup = RoundSetup(method, digits_fed, RunConfig(lr=LR), make_loss(model), groups, kernel)
-        W = method.client.personal(method, h.theta, {}, groups, setup=setup, round=1)
+        W = method.client.personal_at_evaluation(method, h.theta, {}, local_context(setup, 1), {"theta": h.theta})
         torch.testing.assert_close(W, ref, atol=1e-5, rtol=1e-4)
     mine = [fl.engine.evaluate(model, ref[c], *digits_fed.client_test[c])[1] for c in h.client_acc["client"]]
     np.testing.assert_allclose(h.client_acc["personal model"], mine)

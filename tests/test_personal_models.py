@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import fedlab_nb as fl
+from fedlab_nb.core.method import LocalContext
 from fedlab_nb.engine.client import make_loss
 from fedlab_nb.engine.server import RunConfig, build_model, local_job
 from fedlab_nb.models import flatten_params, load_flat
@@ -192,11 +193,10 @@ def test_per_fedavg_hf_differs_from_fo(digits_fed):
 
 def test_per_fedavg_personal_model_is_one_adaptation_step(digits_fed):
     """personal(θ)[k] = θ − α∇f_k(θ; D_k) for every client, sampled or not."""
-    from types import SimpleNamespace
     method = fl.get_method("per_fedavg", alpha=0.3)
     model = build_model("logreg", digits_fed, 0)
     loss, theta = make_loss(model), flatten_params(model)
-    P = method.client.personal(method, theta, {}, None, setup=SimpleNamespace(loss_fn=loss, fed=digits_fed), round=0)
+    P = method.client.personal_at_evaluation(method, theta, {}, LocalContext(lr=LR, loss_fn=loss, fed=digits_fed), {})
     assert P.shape == (digits_fed.num_clients, theta.numel())
     for k, (x, y) in enumerate(digits_fed.client_train):
         torch.testing.assert_close(P[k], theta - 0.3 * torch.func.grad(loss)(theta, x, y))

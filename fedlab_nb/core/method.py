@@ -10,15 +10,16 @@ is a `Method(...)` of parts, not a subclass tree. This module imports nothing fr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from ..utils import rng
-from .groups import ParamGroups
+from .groups import ParamGroups, ResolvedGroups
 from .messages import Messages
 from .optim import SGD, Adam, make_optimizer
+from .round import LocalJob
 
 
 @dataclass
@@ -39,6 +40,63 @@ class RoundInfo:
         return torch.Generator(device="cpu").manual_seed(int(rng(self.seed, stream, self.round).integers(2**62)))
 
 
+# --- the hooks a part may define: declared here, found with isinstance (a part needs no base class) ------
+@runtime_checkable
+class StatefulRule(Protocol):
+    """A rule object that keeps state across rounds (CenteredClipping, DP's accountant): the engine keeps its
+    `init_state` in the server state (checkpointed) and calls `aggregate` instead of the rule itself."""
+
+    def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        """The rule's server state before the first round."""
+
+    def aggregate(self, state: dict, updates: torch.Tensor, weights: torch.Tensor | None,
+                  **context) -> tuple[torch.Tensor, dict]:
+        """(aggregate [d], new state) of the round's [m, d] updates; `info=` too when it `UsesContext`."""
+
+
+@runtime_checkable
+class UsesContext(Protocol):
+    """A rule with `uses_context = True` also gets the round's `RoundInfo` as `info=` (in `aggregate`, or when
+    called as a function): the broadcast θ, every message entry, the round's keyed generator."""
+    uses_context: bool
+
+
+@runtime_checkable
+class Broadcasts(Protocol):
+    """A stateful rule that sends tensors to every sampled client with θ (an adaptive clip norm the uplink
+    transforms read from `ctx.down`)."""
+
+    def broadcast(self, state: dict) -> dict:
+        """{name: tensor} from the rule's state, added to what the server broadcasts."""
+
+
+@runtime_checkable
+class Reports(Protocol):
+    """A part (objective, weighting, rule, server optimiser) that adds columns to the round's History row."""
+
+    def metrics(self, state: dict) -> dict:
+        """{column: float} from the part's state after the round (an accountant's ε)."""
+
+
+@runtime_checkable
+class ActsInEmptyRounds(Protocol):
+    """A rule that acts in a round without client updates: `empty_rounds = "noise"` releases its noised aggregate
+    of Δ = 0 (DP), "metrics" reports its columns only (an accountant); None leaves θ and the row as they are."""
+    empty_rounds: str | None
+
+
+_DECLARED: dict = {}
+
+
+def declares(part, hooks: type) -> bool:
+    """isinstance(part, hooks) for one of the hook Protocols above, remembered per class: a part declares its hooks
+    in its class body (a rule function is a plain rule), and a Protocol check costs ~25 µs, several per round."""
+    key = (type(part), hooks)
+    if key not in _DECLARED:
+        _DECLARED[key] = isinstance(part, hooks)
+    return _DECLARED[key]
+
+
 # --- local objectives ------------------------------------------------------------------------------
 @dataclass
 class LocalObjective:
@@ -54,13 +112,15 @@ class LocalObjective:
     terms added (as their batch mean) to the client's loss before differentiation, for terms that are not
     a gradient correction of w (MOON's contrastive loss on representations). `params`: name → tensor (the
     local weights), `anchor`/`ctx`: as in `correction`. Written with torch.func it runs in both kernels."""
-    vmappable = True
-    extra_loss = None
+    vmappable = True   # False: the correction or extra loss cannot run under torch.func.vmap (loop backend)
+    extra_loss = None  # None, or the method `extra_loss(model, params, x, y, anchor, ctx) -> [B]` above
 
     def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
+        """The objective's server state (SCAFFOLD's c)."""
         return {}
 
     def client_state(self, theta: torch.Tensor) -> dict:
+        """Defaults of the objective's per-client store entries (SCAFFOLD's c_k)."""
         return {}
 
     def broadcast(self, state: dict) -> dict:
@@ -72,13 +132,16 @@ class LocalObjective:
         return None
 
     def correction(self, w: torch.Tensor, anchor: torch.Tensor, ctx: torch.Tensor | None) -> torch.Tensor | None:
+        """The gradient term added to ∇f_k(w) at every local step (None: none)."""
         return None
 
     def finish(self, deltas: torch.Tensor, down: dict, cstate: dict, steps: torch.Tensor, lr: float) -> tuple[dict, dict]:
-        """(extra message entries {name: [m, ...]}, new client state) once local training is done."""
+        """(extra message entries {name: [m, ...]}, new client state) once local training is done; `lr` is the
+        clients' step size (`client_lr`)."""
         return {}, cstate
 
     def server_update(self, state: dict, msgs: Messages, info: RoundInfo) -> dict:
+        """The objective's server bookkeeping after the round's messages arrive (SCAFFOLD's c)."""
         return state
 
 
@@ -167,6 +230,37 @@ class Track:
     epochs: int | None = None           # passes over the local data (overrides the run's E / local_steps)
 
 
+@dataclass(frozen=True, kw_only=True)
+class LocalContext:
+    """What a client update's own training sees of the run (`OwnTraining.local_train`, and
+    `ClientUpdate.personal_at_evaluation`): the loss, the kernel, the step size, the seed, the parameter groups
+    and the federation's data — never the engine's round setup, so an engine change does not reach the methods."""
+    lr: float                          # the clients' step size, `client_lr(method.optimizer, run lr)`: the one route
+    loss_fn: Callable                  # loss(w_flat, x, y) of the run's model and criterion; `.model`: the module
+    fed: object                        # the federation (fedlab_nb.data): classes, clients, every client's rows
+    round: int = 0
+    seed: int = 0
+    kernel: Callable | None = None     # the run's local-training kernel (loop / vmap / fused), called by `train`
+    backend: str = "loop"              # its name: "loop" | "vmap" | "fused"
+    optimizer: SGD | Adam = field(default_factory=SGD)   # the method's client optimiser
+    groups: ResolvedGroups | None = None                 # the method's parameter groups, resolved on the model
+    batch_size: int = 32               # the run's schedule, for a method that draws its own batches
+    local_epochs: int = 1
+    local_steps: int | None = None
+    poisoned: frozenset = frozenset()  # clients whose training rows a data poison rewrites
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.loss_fn.model
+
+    def train(self, theta: torch.Tensor, jobs: list[LocalJob], objective: LocalObjective, *,
+              start: torch.Tensor | None = None, groups: ResolvedGroups | None = None, loss_fn: Callable | None = None):
+        """(W [m, d], mean losses [m]): the run's kernel trains `jobs` from `start` (θ for every client when None),
+        anchored at θ, with the client optimiser at `lr`; `groups` and `loss_fn` default to the run's."""
+        return self.kernel(loss_fn or self.loss_fn, theta, jobs, self.lr, objective, start=start,
+                           optimizer=self.optimizer, groups=self.groups if groups is None else groups, weights=True)
+
+
 class ClientUpdate:
     """The client side of a round as a pure triple, FedJAX-style, over the batch of the round's clients:
 
@@ -174,25 +268,23 @@ class ClientUpdate:
         the engine's local steps on each track (loop or vmap, the same result)
         finish(done, θ, down, cstate, steps, lr) → (message entries, new cstate)   (final)
 
-    A method whose local training is not a sequence of optimiser steps on the flat parameters may define
-    `local_train(setup, round, jobs, down, cstate) -> (message entries, new cstate, losses [m])` instead;
-    it still gets the engine's batch schedules (`jobs`), store, transforms, rule and evaluation.
+    A method whose local training is not a sequence of optimiser steps on the flat parameters subclasses
+    `OwnTraining` and writes `local_train(method, ctx, jobs, down, cstate)` instead.
 
     This default is one track "w" from θ: the FedAvg family (objective, client optimiser and parameter
     groups taken from the `Method`). Kept-local tensors start from the client's stored copy and are
-    stored back; the message is Δ = w − θ on the sent tensors plus the objective's extra entries.
-
-    Two opt-in flags: `trains_at_evaluation = True` makes the engine call `personal(..., setup=, round=)`
-    at every evaluation, also without client state, so it can train every client with the run's kernel
-    (FedAvg-FT, FedBABU); `local_buffers = True` keeps the model's buffers (BatchNorm running statistics)
-    per client in the store entry "buffers" (FedBN) instead of the global ones."""
-    trains_at_evaluation = False
-    local_buffers = False
+    stored back; the message is Δ = w − θ on the sent tensors plus the objective's extra entries."""
+    trains_at_evaluation = False  # True: the engine calls `personal_at_evaluation` at every evaluation, also
+    #                               without client state (FedAvg-FT fine-tunes every client with the run's kernel)
+    local_buffers = False         # True: the model's buffers (BatchNorm statistics) are kept per client in the
+    #                               store entry "buffers" (FedBN) instead of the global ones
 
     def tracks(self, method: "Method") -> list[Track]:
+        """The stretches of local training the engine runs, in order (Ditto: "w", then the personal "v")."""
         return [Track("w", method.objective, method.optimizer, method.groups)]
 
     def client_state(self, method: "Method", theta: torch.Tensor, groups) -> dict:
+        """Defaults of the client update's per-client store entries, for all K clients."""
         state = {f"objective.{k}": v for k, v in method.objective.client_state(theta).items()}
         if groups.local:
             state["local"] = theta[groups.index("local", theta.device)].clone()
@@ -209,6 +301,7 @@ class ClientUpdate:
 
     def finish(self, done: dict, theta: torch.Tensor, down: dict, cstate: dict, steps: torch.Tensor, lr: float,
                method: "Method", groups) -> tuple[dict, dict]:
+        """(message entries {name: [m, ...]}, new client state) from each track's trained rows `done`."""
         W = done["w"]
         new = dict(cstate)
         if groups.local:
@@ -229,6 +322,24 @@ class ClientUpdate:
         W[:, groups.index("local", theta.device)] = cstate["local"].to(theta.device)
         return W
 
+    def personal_at_evaluation(self, method: "Method", theta: torch.Tensor, cstate: dict, ctx: LocalContext,
+                               down: dict) -> torch.Tensor | None:
+        """Each client's own model [K, d] at an evaluation when `trains_at_evaluation`: it may train every client
+        with `ctx` (FedAvg-FT) or read what the server broadcasts, `down` (IFCA's k models)."""
+        return self.personal(method, theta, cstate, ctx.groups)
+
+
+class OwnTraining(ClientUpdate):
+    """A client update whose local training is its own, not optimiser steps on the tracks (FRL's edge-popup on
+    rankings, pFedMe's inner problem ...). It still gets the engine's batch schedules, store, transforms, rule
+    and evaluation, and trains through `ctx.train` (the run's kernel) or by hand."""
+
+    def local_train(self, method: "Method", ctx: LocalContext, jobs: list[LocalJob], down: dict,
+                    cstate: dict) -> tuple[dict, dict, torch.Tensor]:
+        """(message entries {name: [m, ...]}, new client state, mean local losses [m]) of the round's clients:
+        `jobs` are their data and batch schedules, `down` the broadcast, `cstate` their store rows."""
+        raise NotImplementedError(f"{type(self).__name__} subclasses OwnTraining: write its local_train")
+
 
 # --- the composition -------------------------------------------------------------------------------
 @dataclass
@@ -238,11 +349,9 @@ class Method:
 
     `normalisation(updates, weights, steps) -> (updates, scale)` rescales updates before the rule and the
     aggregate after it (FedNova). `rule(updates, weights)` is any function on the [m, d] matrix, e.g. the
-    robust rules in `fedlab_nb.methods.robustness.rules`; a rule object with `init_state`/`aggregate` may keep state,
-    and one with `uses_context = True` also gets the round's `RoundInfo` as `info=`. A stateful rule may
-    also `broadcast(rule_state) -> {name: tensor}` (sent to every client with θ, e.g. an adaptive clip norm
-    the uplink transforms read from `ctx.down`). Any part with `metrics(part_state) -> {column: float}`
-    (an accountant's ε) adds columns to the round's History row."""
+    robust rules in `fedlab_nb.methods.robustness.rules`, or an object with the declared hooks above: state
+    (`StatefulRule`), the round's `RoundInfo` (`UsesContext`), a broadcast (`Broadcasts`), a noised empty round
+    (`ActsInEmptyRounds`). Any part's `metrics` (`Reports`) adds columns to the round's History row."""
     name: str = "fedavg"
     objective: LocalObjective = field(default_factory=LocalObjective)
     weighting: DataSizeWeighting = field(default_factory=DataSizeWeighting)
@@ -255,6 +364,7 @@ class Method:
     downlink: tuple = ()                              # server → client steps on the broadcast θ (compression)
     client: ClientUpdate = field(default_factory=ClientUpdate)
     aggregate_key: str = "delta"                      # the message entry weighting/rule/server step act on
+    flower_compatible = True   # False: not a sequence of Flower rounds (fedlab_nb.flower refuses it); not a field
 
     def __post_init__(self):
         self.optimizer = make_optimizer(self.optimizer)
@@ -262,12 +372,17 @@ class Method:
         self.downlink = tuple(self.downlink)
 
     @property
+    def empty_rounds(self) -> str | None:
+        """What a round without updates does (`ActsInEmptyRounds`; None for any other rule)."""
+        return self.rule.empty_rounds if declares(self.rule, ActsInEmptyRounds) else None
+
+    @property
     def vmappable(self) -> bool:
         return all(t.objective.vmappable for t in self.client.tracks(self))
 
     def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
         parts = {"objective": self.objective, "weighting": self.weighting, "server_opt": self.server_opt}
-        if hasattr(self.rule, "init_state"):
+        if declares(self.rule, StatefulRule):
             parts["rule"] = self.rule
         parts.update({f"downlink{i}": t for i, t in enumerate(self.downlink)})
         return {k: p.init_state(theta, num_clients) for k, p in parts.items()}
@@ -275,7 +390,7 @@ class Method:
     def broadcast(self, state: dict, theta: torch.Tensor) -> dict:
         """What the server sends each sampled client: θ, the objective's and a stateful rule's shared tensors."""
         down = {"theta": theta, **self.objective.broadcast(state["objective"])}
-        if hasattr(self.rule, "broadcast") and "rule" in state:
+        if declares(self.rule, Broadcasts) and "rule" in state:
             down.update(self.rule.broadcast(state["rule"]))
         return down
 
@@ -284,7 +399,7 @@ class Method:
         parts = {"objective": self.objective, "weighting": self.weighting, "rule": self.rule, "server_opt": self.server_opt}
         out = {}
         for name, part in parts.items():
-            if hasattr(part, "metrics") and name in state:
+            if declares(part, Reports) and name in state:
                 out.update(part.metrics(state[name]))
         return out
 
@@ -303,8 +418,8 @@ class Method:
         scale = 1.0
         if self.normalisation is not None:
             deltas, scale = self.normalisation(deltas, weights, info.steps)
-        context = {"info": info} if getattr(self.rule, "uses_context", False) else {}
-        if hasattr(self.rule, "aggregate"):
+        context = {"info": info} if declares(self.rule, UsesContext) and self.rule.uses_context else {}
+        if declares(self.rule, StatefulRule):
             agg, state["rule"] = self.rule.aggregate(state["rule"], deltas, weights, **context)
         else:
             agg = self.rule(deltas, weights, **context)

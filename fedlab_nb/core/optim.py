@@ -15,6 +15,12 @@ from dataclasses import dataclass
 import torch
 
 
+def client_lr(optimizer, run_lr: float) -> float:
+    """The clients' step size: the client optimiser's own `lr`, else the run's. The one route: the kernels, the
+    objectives' `finish` (SCAFFOLD's control variate), `RoundInfo.lr` and `LocalContext.lr` all read this value."""
+    return run_lr if optimizer is None or optimizer.lr is None else optimizer.lr
+
+
 @dataclass
 class SGD:
     lr: float | None = None      # None: the run's `lr`

@@ -5,6 +5,7 @@ backend (loop, vmap, Flower) replays exactly the same steps."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -17,6 +18,26 @@ class LocalJob:
     y: torch.Tensor
     batches: list            # list of int64 index arrays into (x, y); len = the client's local steps τ_k
     ctx: torch.Tensor | None = None  # the objective's per-client context row (SCAFFOLD: c − c_k)
+
+
+@runtime_checkable
+class DataPoison(Protocol):
+    """Data poisoning, a part of the run (`simulate(poison=...)`; LabelFlip, PixelTrigger in
+    fedlab_nb.methods.robustness.poison): the engine calls it on the training rows of each of `clients` every
+    time one of their jobs is built, and the client trains on what it returns."""
+    clients: tuple
+
+    def __call__(self, client: int, round: int, x: torch.Tensor, y: torch.Tensor,
+                 generator: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's (x, y) in this round; draws come from `generator`, keyed by (seed, POISON, round, client)."""
+
+
+@runtime_checkable
+class ScoredPoison(DataPoison, Protocol):
+    """A data poison that also measures itself at every evaluation (the backdoor's attack success rate)."""
+
+    def evaluate(self, model: torch.nn.Module, theta: torch.Tensor, fed) -> dict:
+        """{column: float} added to the History row, for the global model θ."""
 
 
 def batch_schedule(n: int, batch_size: int, epochs: int, steps: int | None, g: np.random.Generator) -> list:

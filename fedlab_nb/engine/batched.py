@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from ..core.optim import client_lr
 from ..models import param_spec, unflatten
 from . import fused
 from .rows import rows_out, stacked_views
@@ -167,7 +168,7 @@ def _masked_extra_loss(loss, objective, model):
 
 def _client_step(loss, spec, objective, with_correction: bool, model=None):
     """One client's (update direction ∇f̂_k + correction per parameter tensor, batch loss); vmapped."""
-    extra = getattr(objective, "extra_loss", None) is not None
+    extra = objective.extra_loss is not None
     grad_loss = grad_and_value(_masked_extra_loss(loss, objective, model) if extra else loss)
 
     def step(params, x, y, mask, ctx, anchor):
@@ -211,7 +212,7 @@ def _train_chunk(step, spec, theta, jobs, lr, out, where, weights, start=None, o
     ctx = torch.stack([j.ctx for j in jobs]).to(dev) if with_ctx else None
     steps = torch.as_tensor(tau, device=dev, dtype=theta.dtype).clamp_min(1)
     total = theta.new_zeros(c)
-    step_lr = lr if optimizer is None or optimizer.lr is None else optimizer.lr
+    step_lr = client_lr(optimizer, lr)
     if layers is not None:
         block = fused.block_clients(theta.numel(), theta.element_size())
         correction = None if corrected is None else _fused_correction(corrected, theta, ctx, spec)
@@ -254,7 +255,7 @@ def train_clients_vmap(loss_fn, theta: torch.Tensor, jobs: list, lr: float, obje
     `fuse`: use the fused Linear-chain step (engine/fused.py) where the run qualifies."""
     if not jobs:
         return theta.new_zeros(0, theta.numel()), theta.new_zeros(0)
-    if getattr(objective, "vmappable", True) is False:
+    if not objective.vmappable:
         raise ValueError(f"{type(objective).__name__} is not vmappable; use backend='loop'")
     model = model or model_of(loss_fn)
     if model is not None and next(model.buffers(), None) is not None:

@@ -44,10 +44,12 @@ def describe(obj, depth: int = 0):
     return {"type": f"{type(obj).__module__}.{type(obj).__qualname__}", "attrs": attrs}
 
 
-def fingerprint(cfg, method, fed, model, sampler=None, attack=None, loss=None) -> str:
+def fingerprint(cfg, method, fed, model, sampler=None, attack=None, loss=None, poison=None) -> str:
+    poisoned = {} if poison is None else {"poison": poison}  # runs without a poison keep their fingerprints
     text = json.dumps(describe({"cfg": dataclasses.asdict(cfg), "method": method, "dataset": fed.dataset.name,
                                 "partition": fed.partition.name, "sizes": fed.sizes.tolist(), "model": repr(model),
-                                "sampler": sampler, "attack": attack, "loss": loss}), sort_keys=True, default=str)
+                                "sampler": sampler, "attack": attack, "loss": loss, **poisoned}), sort_keys=True,
+                      default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value
 
-from ..core.optim import SGD
+from ..core.optim import SGD, client_lr
 from ..core.round import LocalJob, batch_schedule  # noqa: F401  (re-exported: the engine's public names)
 from ..models import buffer_spec, param_spec, unflatten, unflatten_buffers
 from .rows import rows_out
@@ -60,10 +60,10 @@ def train_clients_loop(loss_fn, theta: torch.Tensor, jobs: list[LocalJob], lr: f
     `out`: an [m, d] matrix of θ's dtype and device to write the rows into (e.g. last round's, `rows.RoundRows`)
     instead of a fresh one."""
     optimizer = optimizer or SGD()
-    step_lr = optimizer.lr or lr
+    step_lr = client_lr(optimizer, lr)
     segments = None if groups is None or len(groups.trained) == len(groups.spec) else groups.segments("trained")
     plain = optimizer.plain and segments is None
-    extra = getattr(objective, "extra_loss", None) is not None
+    extra = objective.extra_loss is not None
     grad_fn = grad_and_value(with_extra_loss(loss_fn, objective, theta) if extra else loss_fn)
     trained, losses = [], []
     for i, job in enumerate(jobs):

@@ -57,7 +57,7 @@ def linear_layers(model: nn.Module | None) -> list[tuple[str, str]] | None:
 def fusable(model, loss_fn, objective) -> list | None:
     """The model's layers when the fused step computes exactly this run's local training (any client optimiser
     or parameter groups), else None."""
-    if getattr(objective, "extra_loss", None) is not None or getattr(loss_fn, "criterion", None) is not None:
+    if objective.extra_loss is not None or getattr(loss_fn, "criterion", None) is not None:
         return None
     return linear_layers(model)
 

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..core.method import ClientUpdate, Method, RoundInfo
+from ..core.method import ClientUpdate, Method
 from ..core.messages import Messages
 from ..core.streams import SAMPLE
 from ..data.federated import FederatedDataset
@@ -32,7 +32,8 @@ from .evaluate import Evaluator
 from .history import History
 from .rows import RoundRows
 from .sampling import make_sampler
-from .server import RunConfig, _local_jobs, build_model, pick_backend, server_update
+from .server import (RoundSetup, RunConfig, build_model, choose_backend, finish_clients, kernel, round_info, round_jobs,
+                     server_update)
 
 
 def seed_batchable(method: Method) -> str | None:
@@ -44,7 +45,7 @@ def seed_batchable(method: Method) -> str | None:
     probe = torch.zeros(2)
     if method.objective.client_state(probe):
         return f"{method.name} keeps per-client state"
-    if method.objective.correction(probe, probe, None) is not None or getattr(method.objective, "extra_loss", None):
+    if method.objective.correction(probe, probe, None) is not None or method.objective.extra_loss is not None:
         return f"{method.name}'s local objective is anchored at the global model (one anchor per run)"
     return None
 
@@ -72,7 +73,9 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
     models = [build_model(model, f, s, model_kwargs) for f, s in zip(feds, seeds)]
     groups = method.groups.resolve(param_spec(models[0]))
     loss_fn = make_loss(models[0])
-    train = pick_backend(cfgs[0], method, models[0])
+    backend = choose_backend(cfgs[0], method, models[0])
+    train = kernel(backend)
+    setups = [RoundSetup(method, f, c, loss_fn, groups, train, backend=backend) for f, c in zip(feds, cfgs)]
     thetas = [flatten_params(m).to(f.device) for m, f in zip(models, feds)]
     states = [method.init_state(t, f.num_clients) for t, f in zip(thetas, feds)]
     samplers = [make_sampler(clients_per_round, f.num_clients) for f in feds]
@@ -81,14 +84,14 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
     t0 = time.perf_counter()
     for r in range(rounds):
         ids = [smp(r, f.num_clients, rng(s, SAMPLE, r)) for smp, f, s in zip(samplers, feds, seeds)]
-        jobs = [_local_jobs(f, i, c, r, None) if len(i) else [] for f, i, c in zip(feds, ids, cfgs)]
+        jobs = [round_jobs(s, r, i) if len(i) else [] for s, i in zip(setups, ids)]
         W = _train_together(train, loss_fn, method, thetas, jobs, lr, groups, reused)
         for i in range(len(seeds)):
             row = {"round": r + 1, "n_sampled": int(len(ids[i])), "train_loss": float("nan"), "bytes_up": 0,
                    "bytes_down": 0}
             if len(ids[i]):
-                thetas[i], states[i], row["train_loss"] = _server_half(method, states[i], thetas[i], W[i], r, ids[i],
-                                                                       jobs[i], feds[i], lr, seeds[i], groups)
+                thetas[i], states[i], row["train_loss"] = _server_half(setups[i], states[i], thetas[i], W[i], r,
+                                                                       ids[i], jobs[i])
             if (r + 1) % eval_every == 0 or r + 1 == rounds:
                 row.update(evaluators[i](thetas[i]))
             rows[i].append(row)
@@ -113,16 +116,13 @@ def _train_together(train, loss_fn, method, thetas, jobs, lr, groups, reused: Ro
     return out
 
 
-def _server_half(method, state, theta, trained, r, ids, jobs, fed, lr, seed, groups):
-    """The method's client finish and server update for one run."""
+def _server_half(s: RoundSetup, state, theta, trained, r, ids, jobs):
+    """One run's client finish and server update, with the one round's pieces (`engine.server`)."""
     W, losses = trained
-    dev, dt = theta.device, theta.dtype
-    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=dev, dtype=dt)
-    entries, _ = method.client.finish({"w": W.clone()}, theta, {"theta": theta}, {}, steps, lr, method, groups)
+    entries, _ = finish_clients(s, {"w": W.clone()}, theta, {"theta": theta}, {}, jobs)
     msgs = Messages(entries, np.asarray(ids))
-    sizes = torch.tensor([float(len(j.y)) for j in jobs], device=dev, dtype=dt)
-    info = RoundInfo(r, np.asarray(ids), sizes, steps, fed.num_clients, lr, theta, msgs, seed)
-    return server_update(method, state, theta, info, msgs, losses, "raise", groups)
+    return server_update(s.method, state, theta, round_info(s, r, ids, jobs, theta, msgs), msgs, losses,
+                         s.cfg.on_nonfinite, s.groups)
 
 
 def _history(method, fed, cfg, rows, theta, model, seconds) -> History:

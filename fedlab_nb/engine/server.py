@@ -6,7 +6,6 @@ run on the other backend, draws the same clients and the same mini-batches witho
 The engine imports the contract layer (`fedlab_nb.core`), data and models — never `fedlab_nb.methods`."""
 from __future__ import annotations
 
-import inspect
 import math
 import time
 import warnings
@@ -18,7 +17,9 @@ import numpy as np
 import torch
 
 from ..core.messages import Messages, TransformContext, dense_bytes
-from ..core.method import ClientUpdate, Method, RoundInfo
+from ..core.method import ClientUpdate, LocalContext, Method, OwnTraining, RoundInfo
+from ..core.optim import client_lr
+from ..core.round import DataPoison, ScoredPoison
 from ..core.streams import ATTACK, BATCHES, DOWNLINK, POISON, SAMPLE, STRAGGLE, TRANSFORM
 from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
@@ -95,13 +96,14 @@ def byzantine_ids(byzantine) -> tuple:
 
 # --- the work of one round ----------------------------------------------------------------------------
 def local_job(fed: FederatedDataset, k: int, cfg: RunConfig, rnd: int, ctx: torch.Tensor | None,
-              steps: int | None = None, track: int = 0, epochs: int | None = None) -> LocalJob:
-    """Client k's work in round `rnd`: its data and its batch schedule keyed by (seed, BATCHES, rnd, k);
-    a straggler (`cfg.stragglers`) does only a random prefix of it (systems heterogeneity). A method's
-    extra training track (`track` > 0, e.g. Ditto's personal steps) gets its own keyed schedule; `epochs`
-    (a track's own passes, e.g. FedRep's head epochs) replaces the run's E and local_steps."""
+              steps: int | None = None, track: int = 0, epochs: int | None = None,
+              poison: DataPoison | None = None) -> LocalJob:
+    """Client k's work in round `rnd`: its data (rewritten by the run's `poison` if k is one of its clients) and
+    its batch schedule keyed by (seed, BATCHES, rnd, k); a straggler (`cfg.stragglers`) does only a random prefix
+    of it (systems heterogeneity). A method's extra training track (`track` > 0, e.g. Ditto's personal steps)
+    gets its own keyed schedule; `epochs` (a track's own passes, e.g. FedRep's head epochs) replaces the run's
+    E and local_steps."""
     x, y = fed.client_train[k]
-    poison = cfg.extra.get("poison")
     if poison is not None and k in poison.clients:  # data poisoning: this round's rows of this client, keyed
         x, y = poison(k, rnd, x, y, rng(cfg.seed, POISON, rnd, k))
     g = rng(cfg.seed, BATCHES, rnd, k) if track == 0 else rng(cfg.seed, BATCHES, rnd, k, track)
@@ -119,24 +121,30 @@ def _stragglers(num_clients: int, cfg: RunConfig, rnd: int) -> set:
 
 
 def _local_jobs(fed, client_ids, cfg: RunConfig, rnd: int, ctx, steps=None, track: int = 0,
-                epochs=None) -> list[LocalJob]:
-    return [local_job(fed, k, cfg, rnd, None if ctx is None else ctx[i], steps, track, epochs)
+                epochs=None, poison: DataPoison | None = None) -> list[LocalJob]:
+    return [local_job(fed, k, cfg, rnd, None if ctx is None else ctx[i], steps, track, epochs, poison)
             for i, k in enumerate(client_ids)]
 
 
-def pick_backend(cfg: RunConfig, method: Method, model: torch.nn.Module | None = None):
-    """The local-training kernel: the fused step where it applies (backend='auto'/'fused': plain SGD of the
-    library's MLP or logistic regression), else vmap where the method and the model allow it ('auto'/'vmap'),
-    else the loop. Models with buffers (BatchNorm running statistics, updated in place) train on the loop."""
+def choose_backend(cfg: RunConfig, method: Method, model: torch.nn.Module | None = None) -> str:
+    """The backend a run uses, chosen here only: the fused step where it applies (backend='auto'/'fused': plain
+    SGD of the library's MLP or logistic regression), else vmap where the method and the model allow it
+    ('auto'/'vmap'), else the loop. Models with buffers (BatchNorm running statistics, updated in place) train
+    on the loop."""
     if cfg.backend == "loop":
-        return train_clients_loop
+        return "loop"
     buffers = model is not None and next(model.buffers(), None) is not None
     if method.vmappable and not buffers:
-        return batched.train_clients_vmap if cfg.backend == "vmap" else batched.train_clients_fused
+        return "vmap" if cfg.backend == "vmap" else "fused"
     if cfg.backend in ("vmap", "fused"):
         why = "a model with buffers (BatchNorm)" if buffers else method.name
         print(f"note: {why} cannot run on the vmap backend; falling back to loop")
-    return train_clients_loop
+    return "loop"
+
+
+def kernel(backend: str):
+    """The local-training kernel of a backend name."""
+    return {"loop": train_clients_loop, "vmap": batched.train_clients_vmap, "fused": batched.train_clients_fused}[backend]
 
 
 @dataclass
@@ -149,6 +157,21 @@ class RoundSetup:
     groups: object          # core.groups.ResolvedGroups
     train: Callable         # the kernel: train_clients_loop, train_clients_vmap or train_clients_fused
     rows: RoundRows = field(default_factory=RoundRows)  # each track's rows matrix, reused across rounds
+    backend: str = "loop"   # the kernel's name (`choose_backend`), recorded in the History's meta
+    poison: DataPoison | None = None   # the run's data poison (`simulate(poison=...)`)
+
+    @property
+    def lr(self) -> float:
+        """The clients' step size (`core.optim.client_lr`): what `finish`, `RoundInfo` and `LocalContext` get."""
+        return client_lr(self.method.optimizer, self.cfg.lr)
+
+
+def local_context(s: RoundSetup, r: int) -> LocalContext:
+    """What a method's own training sees of round r (`core.method.LocalContext`), instead of the setup."""
+    return LocalContext(lr=s.lr, loss_fn=s.loss_fn, fed=s.fed, round=r, seed=s.cfg.seed, kernel=s.train,
+                        backend=s.backend, optimizer=s.method.optimizer, groups=s.groups, batch_size=s.cfg.batch_size,
+                        local_epochs=s.cfg.local_epochs, local_steps=s.cfg.local_steps,
+                        poisoned=frozenset() if s.poison is None else frozenset(s.poison.clients))
 
 
 def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
@@ -156,9 +179,9 @@ def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
     start → local steps on each track → finish. Returns (message entries, new client state, losses, jobs)."""
     method, theta, m = s.method, down["theta"], len(ids)
     cu, done, losses, first = method.client, {}, None, None
-    if hasattr(cu, "local_train"):  # a method whose local training is its own (FRL's edge-popup on rankings)
-        jobs = _local_jobs(s.fed, ids, s.cfg, r, None)
-        entries, new, losses = cu.local_train(s, r, jobs, down, cstate)
+    if isinstance(cu, OwnTraining):  # a method whose local training is its own (FRL's edge-popup on rankings)
+        jobs = round_jobs(s, r, ids)
+        entries, new, losses = cu.local_train(method, local_context(s, r), jobs, down, cstate)
         return entries, new, losses, jobs
     bufs = _round_buffers(s, cstate, m, theta)
     for t, track in enumerate(cu.tracks(method)):
@@ -166,7 +189,7 @@ def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
         groups = s.groups if same else track.groups.resolve(s.groups.spec)
         obj_state = {k[len("objective."):]: v for k, v in cstate.items() if k.startswith("objective.")}
         ctx = track.objective.context(down, obj_state)
-        jobs = _local_jobs(s.fed, ids, s.cfg, r, ctx, track.steps, t, getattr(track, "epochs", None))
+        jobs = round_jobs(s, r, ids, ctx, track.steps, t, track.epochs)
         W0 = cu.start(track, theta, down, cstate, done, groups, m)
         done[track.name], l = s.train(s.loss_fn, theta, jobs, s.cfg.lr, track.objective, start=W0,
                                       optimizer=track.optimizer, groups=groups, weights=True,
@@ -180,9 +203,27 @@ def client_round(s: RoundSetup, r: int, ids, down: dict, cstate: dict):
         same = (rows == rows[0]).all(0)  # buffers no client changed (frozen weights) stay bit-exact, no mean rounding
         mean[same] = rows[0, same]
         load_buffers(s.loss_fn.model, mean)
-    steps = torch.tensor([float(len(j.batches)) for j in first], device=theta.device)
-    entries, new = cu.finish(done, theta, down, cstate, steps, s.cfg.lr, method, s.groups)
+    entries, new = finish_clients(s, done, theta, down, cstate, first)
     return entries, new, losses, first
+
+
+def round_jobs(s: RoundSetup, r: int, ids, ctx=None, steps=None, track: int = 0, epochs=None) -> list[LocalJob]:
+    """The round's clients' work on one track (`local_job`), with the run's data poison."""
+    return _local_jobs(s.fed, ids, s.cfg, r, ctx, steps, track, epochs, s.poison)
+
+
+def finish_clients(s: RoundSetup, done: dict, theta: torch.Tensor, down: dict, cstate: dict, jobs) -> tuple[dict, dict]:
+    """The client update's `finish` (final) on the trained rows `done`: (message entries, new client state)."""
+    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=theta.device)
+    return s.method.client.finish(done, theta, down, cstate, steps, s.lr, s.method, s.groups)
+
+
+def round_info(s: RoundSetup, r: int, ids, jobs, theta: torch.Tensor, msgs: Messages) -> RoundInfo:
+    """What the server knows about round r when it aggregates (sizes and steps in θ's float dtype)."""
+    fdt = theta.dtype if theta.is_floating_point() else None  # float64 runs weight in float64
+    sizes = torch.tensor([float(len(j.y)) for j in jobs], device=theta.device, dtype=fdt)
+    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=theta.device, dtype=fdt)
+    return RoundInfo(r, np.asarray(ids), sizes, steps, s.fed.num_clients, s.lr, theta, msgs, s.cfg.seed)
 
 
 def _round_buffers(s: RoundSetup, cstate: dict, m: int, theta: torch.Tensor) -> dict:
@@ -199,16 +240,16 @@ def _round_buffers(s: RoundSetup, cstate: dict, m: int, theta: torch.Tensor) -> 
 
 def personal_models(s: RoundSetup, r: int, theta: torch.Tensor, store: ClientStore, state: dict | None = None) -> tuple:
     """(personal models [K, d] or None, per-client buffers [K, b] or None) for evaluation after round r.
-    `ClientUpdate.personal` gets the round setup and the round when it `trains_at_evaluation` (FedAvg-FT),
-    and, if it takes `down=`, what the server broadcasts (θ and the objective's tensors: IFCA's k models)."""
+    A client update that `trains_at_evaluation` gets `personal_at_evaluation` with the round's `LocalContext`
+    (FedAvg-FT trains every client) and what the server broadcasts (IFCA's k models)."""
     cu = s.method.client
     plain = type(cu).personal is ClientUpdate.personal and not s.groups.local  # the global model is everyone's
-    if plain and "buffers" not in store.defaults and not getattr(cu, "trains_at_evaluation", False):
+    if plain and "buffers" not in store.defaults and not cu.trains_at_evaluation:
         return None, None  # no copy of the whole store (SCAFFOLD's K × d variates) just to find nothing personal
     full = store.all(theta.device) if store else {}
-    if getattr(cu, "trains_at_evaluation", False):
-        extra = {"down": s.method.broadcast(state, theta)} if "down" in inspect.signature(cu.personal).parameters else {}
-        personal = cu.personal(s.method, theta, full, s.groups, setup=s, round=r, **extra)
+    if cu.trains_at_evaluation:
+        down = s.method.broadcast(state, theta)
+        personal = cu.personal_at_evaluation(s.method, theta, full, local_context(s, r), down)
     else:
         personal = cu.personal(s.method, theta, full, s.groups) if store else None
     buffers = full.get("buffers")
@@ -256,10 +297,7 @@ def run_round(s: RoundSetup, state: dict, theta: torch.Tensor, store: ClientStor
     msgs, cstate = uplink(s, r, msgs, cstate, byz, attack, theta, down)
     if cstate:
         store.scatter(ids, cstate)
-    fdt = theta.dtype if theta.is_floating_point() else None  # float64 runs weight in float64
-    sizes = torch.tensor([float(len(j.y)) for j in jobs], device=dev, dtype=fdt)
-    steps = torch.tensor([float(len(j.batches)) for j in jobs], device=dev, dtype=fdt)
-    info = RoundInfo(r, np.asarray(ids), sizes, steps, s.fed.num_clients, s.cfg.lr, theta, msgs, s.cfg.seed)
+    info = round_info(s, r, ids, jobs, theta, msgs)
     others = dense_bytes({k: v for k, v in down.items() if k != "theta"})
     wire = {"bytes_up": int(msgs.wire_bytes().sum()), "bytes_down": len(ids) * (theta_bytes + others)}
     theta, state, loss = server_update(s.method, state, theta, info, msgs, losses, s.cfg.on_nonfinite, s.groups)
@@ -288,7 +326,7 @@ def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundI
                                        f"Lower lr (now {info.lr}), check the data, or pass on_nonfinite='drop' "
                                        "to drop such updates")
         if not keep.any():
-            if getattr(method.rule, "empty_rounds", None) == "noise":  # DP: a noised release even now
+            if method.empty_rounds == "noise":  # DP: a noised release even now
                 theta, state, _ = quiet_round(method, state, theta, info, groups)
             return theta, state, float("nan")
         msgs = msgs.select(keep)
@@ -308,7 +346,7 @@ def quiet_round(method: Method, state: dict, theta: torch.Tensor, info: RoundInf
     columns). A rule with `empty_rounds = "noise"` (DPAggregate) still releases its noised aggregate of Δ = 0,
     as McMahan et al. 2018 (Algorithm 1) do, so every round its accountant counts is a noised one; one with
     `empty_rounds = "metrics"` (an accountant) reports its columns; any other rule leaves θ and the row as they are."""
-    mode = getattr(method.rule, "empty_rounds", None)
+    mode = method.empty_rounds
     if mode is None:
         return theta, state, {}
     if mode == "noise":
@@ -328,7 +366,7 @@ def quiet_round(method: Method, state: dict, theta: torch.Tensor, info: RoundInf
 def empty_info(s: RoundSetup, r: int, theta: torch.Tensor) -> RoundInfo:
     """The RoundInfo of round r when no client was sampled."""
     none = theta.new_zeros(0)
-    return RoundInfo(r, np.empty(0, dtype=np.int64), none, none, s.fed.num_clients, s.cfg.lr, theta, None, s.cfg.seed)
+    return RoundInfo(r, np.empty(0, dtype=np.int64), none, none, s.fed.num_clients, s.lr, theta, None, s.cfg.seed)
 
 
 # --- the run ------------------------------------------------------------------------------------------
@@ -359,8 +397,8 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
 
 
 def check_poison(poison, num_clients: int) -> None:
-    """A poison must be callable and name clients of this federation."""
-    if not callable(poison) or not hasattr(poison, "clients"):
+    """A poison must be a `core.round.DataPoison` (callable, with `clients`) naming clients of this federation."""
+    if not isinstance(poison, DataPoison):
         raise TypeError("poison must be a callable with a `clients` attribute, e.g. "
                         "fedlab_nb.methods.robustness.poison.LabelFlip(...) or PixelTrigger(...); "
                         f"got {type(poison).__name__}")
@@ -402,7 +440,6 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     cfg.validate(fed.num_clients)
     if poison is not None:
         check_poison(poison, fed.num_clients)
-        cfg.extra["poison"] = poison
     if device is not None:
         fed.to(device)
     dev = fed.device
@@ -411,7 +448,8 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     K = fed.num_clients
     sampler = make_sampler(clients_per_round, K)
     groups = method.groups.resolve(param_spec(model))
-    setup = RoundSetup(method, fed, cfg, make_loss(model, loss), groups, pick_backend(cfg, method, model))
+    backend = choose_backend(cfg, method, model)
+    setup = RoundSetup(method, fed, cfg, make_loss(model, loss), groups, kernel(backend), backend=backend, poison=poison)
     evaluator = Evaluator(model, fed, loss)
     byz = torch.zeros(K, dtype=torch.bool)
     byz[list(cfg.byzantine)] = True
@@ -419,10 +457,10 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     theta = flatten_params(model).to(dev)
     state, rows, start = method.init_state(theta, K), [], 0
     store = ClientStore(_client_defaults(method, theta, groups, model), K, store_device)
-    run_id = fingerprint(cfg, method, fed, model, sampler, attack, loss)
+    run_id = fingerprint(cfg, method, fed, model, sampler, attack, loss, poison)
     meta = {"method": method.name, "dataset": fed.dataset.name, "partition": fed.partition.name,
             "clients": K, **{k: v for k, v in asdict(cfg).items() if k != "extra"}, "device": str(dev),
-            "fingerprint": run_id, "backend_used": next((b for b in ("fused", "vmap") if b in setup.train.__name__), "loop")}
+            "fingerprint": run_id, "backend_used": backend}
     ckpt = Path(checkpoint) if checkpoint else None
     if resume and ckpt and ckpt.exists():
         theta, state, rows, start = _resume(ckpt, run_id, dev, store, model)
@@ -443,7 +481,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
         row.update(out)
         if (r + 1) % eval_every == 0 or r + 1 == rounds:
             row.update(evaluator(theta, *personal_models(setup, r, theta, store, state)))
-            if hasattr(poison, "evaluate"):
+            if isinstance(poison, ScoredPoison):
                 row.update(poison.evaluate(model, theta, fed))
         rows.append(row)
         if ckpt:
@@ -480,7 +518,7 @@ def warn_dropped_rounds(rows: list[dict], cfg: RunConfig) -> None:
 def _client_defaults(method: Method, theta: torch.Tensor, groups, model) -> dict:
     """The store's default rows; with `ClientUpdate.local_buffers` also "buffers" (the model's initial ones)."""
     defaults = method.client_state(theta, groups)
-    if getattr(method.client, "local_buffers", False):
+    if method.client.local_buffers:
         if next(model.buffers(), None) is None:
             raise ValueError(f"{method.name} keeps BatchNorm statistics per client but the model has no buffers; "
                              "use a model with BatchNorm, e.g. model='mlp_bn' or 'cnn_bn'")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, ServerAssign
+from ...core.method import DataSizeWeighting, LocalObjective, Method, OwnTraining, ServerAssign
 from ...core.registry import get_method, register
 from ...data.federated import FederatedDataset
 from ...engine import simulate
@@ -57,7 +57,7 @@ class FisherMergeRule:
         return fisher_merge(models, info.messages["fisher"], weights, self.floor, self.normalize)
 
 
-class FisherClient(ClientUpdate):
+class FisherClient(OwnTraining):
     """Local training from θ (the engine's kernel and schedule), then the diagonal Fisher of the trained
     model on the client's rows; the message is {"model": θ_k, "fisher": F_k}."""
 
@@ -68,11 +68,10 @@ class FisherClient(ClientUpdate):
             raise ValueError(f"n_fisher must be None (all rows) or a positive integer, got {n_fisher!r}")
         self.kind, self.n_fisher = kind, n_fisher
 
-    def local_train(self, setup, r, jobs, down, cstate):
+    def local_train(self, method, ctx, jobs, down, cstate):
         theta = down["theta"]
-        W, losses = setup.train(setup.loss_fn, theta, jobs, setup.cfg.lr, LocalObjective(),
-                                optimizer=setup.method.optimizer, groups=setup.groups, weights=True)
-        model = setup.loss_fn.model
+        W, losses = ctx.train(theta, jobs, LocalObjective())
+        model = ctx.model
         fishers = []
         for i, job in enumerate(jobs):
             rows = fisher_rows(len(job.y), self.n_fisher).to(job.x.device)

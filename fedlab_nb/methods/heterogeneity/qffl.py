@@ -20,22 +20,21 @@ from dataclasses import dataclass
 import torch
 
 from ...core.registry import register
-from ...core.method import ClientUpdate, LocalObjective, Method, ServerSGD, UniformWeighting
+from ...core.method import LocalObjective, Method, OwnTraining, ServerSGD, UniformWeighting
 
 EPS = 1e-10  # F_k + ε, as the official code does, so F_k^{q−1} exists for a zero loss
 
 
 @dataclass
-class LossAtBroadcast(ClientUpdate):
+class LossAtBroadcast(OwnTraining):
     """The usual local SGD from θ, plus the client's training loss F_k(θ) at the broadcast weights in the
     message entry "loss" (q-FedAvg's server needs it)."""
 
-    def local_train(self, setup, r, jobs, down, cstate):
+    def local_train(self, method, ctx, jobs, down, cstate):
         theta = down["theta"]
         with torch.no_grad():
-            f = torch.stack([setup.loss_fn(theta, j.x.to(theta.device), j.y.to(theta.device)) for j in jobs])
-        W, losses = setup.train(setup.loss_fn, theta, jobs, setup.cfg.lr, setup.method.objective,
-                                optimizer=setup.method.optimizer, groups=setup.groups, weights=True)
+            f = torch.stack([ctx.loss_fn(theta, j.x.to(theta.device), j.y.to(theta.device)) for j in jobs])
+        W, losses = ctx.train(theta, jobs, method.objective)
         return {"delta": W - theta, "loss": f.to(theta.dtype)}, cstate, losses
 
 

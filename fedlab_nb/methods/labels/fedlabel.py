@@ -40,7 +40,7 @@ from ...core.streams import register_stream
 from ...data.semisup import SemiSupervisedDataset, strong_augment, weak_augment
 from ...models import param_spec, unflatten
 from ...utils import rng
-from ...core.method import ClientUpdate, DataSizeWeighting, Method, ServerSGD, weighted_mean
+from ...core.method import DataSizeWeighting, Method, OwnTraining, ServerSGD, weighted_mean
 
 FEDLABEL = register_stream("fedlabel", 62)
 SELECTIONS = ("select", "global", "local")
@@ -112,7 +112,7 @@ def _pad(rows: list, n: int) -> tuple:
 
 
 @dataclass
-class FedLabelClient(ClientUpdate):
+class FedLabelClient(OwnTraining):
     """Local training of FedLabel (module docstring). `mu`: unlabelled rows per labelled row in a step's
     batch (FixMatch's μ); `probe`: an optional dict that gets {client id: its local model v} after each round
     (for diagnostics, e.g. `pseudo_label_accuracy`), not part of the method. Backend "loop" trains client by
@@ -136,18 +136,18 @@ class FedLabelClient(ClientUpdate):
     def client_state(self, method, theta, groups):
         return {"v": theta.clone()} if self.keeps_local else {}  # v_k⁰ = θ⁰
 
-    def local_train(self, setup, r, jobs, down, cstate):
-        fed = setup.fed
+    def local_train(self, method, ctx, jobs, down, cstate):
+        fed = ctx.fed
         if not isinstance(fed, SemiSupervisedDataset):
             raise ValueError("FedLabel needs unlabelled client data: pass fedlab_nb.data.semisup.semi_supervised("
                              "fed, fraction, seed) to simulate instead of a fully labelled federation")
-        if not setup.method.optimizer.plain:
+        if not ctx.optimizer.plain:
             raise ValueError("FedLabel runs plain client SGD; build it with fedlabel(...) and no client optimizer")
-        theta, lr, model = down["theta"], setup.cfg.lr, setup.loss_fn.model
-        loss = _pair_loss(model, param_spec(model), setup.loss_fn, self.unsup_weight, self.consistency)
-        views = [self.unlabelled_views(fed, job, setup.cfg.seed, r) for job in jobs]
+        theta, lr, model = down["theta"], ctx.lr, ctx.model
+        loss = _pair_loss(model, param_spec(model), ctx.loss_fn, self.unsup_weight, self.consistency)
+        views = [self.unlabelled_views(fed, job, ctx.seed, ctx.round) for job in jobs]
         V0 = cstate["v"] if self.keeps_local else None
-        if setup.cfg.backend == "loop" or len({len(j.batches) for j in jobs}) > 1:
+        if ctx.backend == "loop" or len({len(j.batches) for j in jobs}) > 1:
             rows = [self._client(grad_and_value(loss), model, theta, None if V0 is None else V0[i], job, vw, lr)
                     for i, (job, vw) in enumerate(zip(jobs, views))]
             W, V, losses = (None if t[0] is None else torch.stack(t) for t in zip(*rows))

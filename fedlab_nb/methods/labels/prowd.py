@@ -38,7 +38,7 @@ from ...models import param_spec
 from .quantize import FULL_PRECISION, check_bits, dequantize, fake_quantize_flat, is_bias, layer_slices, levels, \
     model_bytes, quantize_flat, quantize_levels
 from ...utils import rng
-from ...core.method import ClientUpdate, DataSizeWeighting, Method, ServerSGD, weighted_mean
+from ...core.method import DataSizeWeighting, Method, OwnTraining, ServerSGD, weighted_mean
 
 PROWD = register_stream("prowd", 67)
 BIT_WIDTHS = (2, 4, 8, 32)
@@ -60,31 +60,31 @@ def upload_generator(seed: int, rnd: int, client: int) -> torch.Generator:
 
 
 @dataclass
-class QATClient(ClientUpdate):
+class QATClient(OwnTraining):
     """Client k at bit-width bits[k]: start from Q_b(θ), local SGD on the loss at fake_quantize(w) (STE), upload
     Q_b(w) as Δ = Q_b(w) − θ plus its bit-width. b = 32 is FedAvg's client step for step."""
     bits: tuple = ()
     spec: tuple = ()
     stochastic: bool = False
 
-    def local_train(self, setup, r, jobs, down, cstate):
-        if not setup.method.optimizer.plain:
+    def local_train(self, method, ctx, jobs, down, cstate):
+        if not ctx.optimizer.plain:
             raise ValueError("QATClient runs plain client SGD; build the method with prowd(...)")
-        if len(self.bits) != setup.fed.num_clients:
-            raise ValueError(f"bits has {len(self.bits)} entries but the federation has {setup.fed.num_clients} "
+        if len(self.bits) != ctx.fed.num_clients:
+            raise ValueError(f"bits has {len(self.bits)} entries but the federation has {ctx.fed.num_clients} "
                              "clients; pass bits=bit_widths(fed.num_clients)")
-        theta, lr = down["theta"], setup.cfg.lr
+        theta, lr = down["theta"], ctx.lr
         out, losses, widths = [], [], []
         for job in jobs:
             b = int(self.bits[job.client_id])
-            loss_at = grad_and_value(lambda w, x, y: setup.loss_fn(fake_quantize_flat(w, self.spec, b), x, y))
+            loss_at = grad_and_value(lambda w, x, y: ctx.loss_fn(fake_quantize_flat(w, self.spec, b), x, y))
             w, total = quantize_flat(theta, self.spec, b), theta.new_zeros(())  # the device stores Q_b(θ)
             for idx in job.batches:
                 idx = torch.as_tensor(idx, device=theta.device)
                 grad, loss = loss_at(w, job.x[idx], job.y[idx])
                 w = w - lr * grad
                 total += loss.detach()
-            g = upload_generator(setup.cfg.seed, r, job.client_id) if self.stochastic else None
+            g = upload_generator(ctx.seed, ctx.round, job.client_id) if self.stochastic else None
             out.append(quantize_flat(w, self.spec, b, self.stochastic, g) - theta)
             losses.append(total / max(len(job.batches), 1))
             widths.append(b)

@@ -18,7 +18,7 @@ from .adversarial import check_pgd_args, model_fn, pgd
 from ...core.registry import register
 from ...core.streams import register_stream
 from ...utils import rng
-from ...core.method import ClientUpdate, DataSizeWeighting, Method, ServerSGD, weighted_mean
+from ...core.method import DataSizeWeighting, Method, OwnTraining, ServerSGD, weighted_mean
 
 FAL_PGD = register_stream("fal_pgd", 75)
 
@@ -29,7 +29,7 @@ def pgd_generator(seed: int, rnd: int, client: int) -> torch.Generator:
 
 
 @dataclass
-class FALClient(ClientUpdate):
+class FALClient(OwnTraining):
     """Local adversarial SGD: for every mini-batch, PGD examples at the current local weights (inner max),
     then one SGD step on their loss (outer min). Plain SGD at the run's lr, as in the paper's analysis."""
     eps: float = 0.1
@@ -37,14 +37,14 @@ class FALClient(ClientUpdate):
     steps: int = 5
     norm: str = "linf"
 
-    def local_train(self, setup, r, jobs, down, cstate):
-        if not setup.method.optimizer.plain:
+    def local_train(self, method, ctx, jobs, down, cstate):
+        if not ctx.optimizer.plain:
             raise ValueError("FAL runs plain client SGD; build it with fal(...) and no client optimizer")
-        theta, lr, model = down["theta"], setup.cfg.lr, setup.loss_fn.model
-        grad_fn = grad_and_value(setup.loss_fn)
+        theta, lr, model = down["theta"], ctx.lr, ctx.model
+        grad_fn = grad_and_value(ctx.loss_fn)
         out, losses = [], []
         for job in jobs:
-            g = pgd_generator(setup.cfg.seed, r, job.client_id)
+            g = pgd_generator(ctx.seed, ctx.round, job.client_id)
             w, total = theta.clone(), theta.new_zeros(())
             for idx in job.batches:
                 idx = torch.as_tensor(idx, device=theta.device)

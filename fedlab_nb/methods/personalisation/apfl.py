@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad, grad_and_value
 
-from ...core.method import ClientUpdate, DataSizeWeighting, Method, ServerSGD, weighted_mean
+from ...core.method import DataSizeWeighting, Method, OwnTraining, ServerSGD, weighted_mean
 from ...core.registry import register
 
 
@@ -54,7 +54,7 @@ def apfl_client(loss_fn, w0, v0, alpha0, x, y, batches, lr, alpha_lr, adaptive):
 
 
 @dataclass
-class APFLClient(ClientUpdate):
+class APFLClient(OwnTraining):
     """Client state: v (the local model) and alpha (α_k); `adaptive=False` keeps α fixed (the α sweep).
     `alpha_lr`: η_α (None: the run's lr). `trace`: an optional list that gets (round, client ids, α after
     the round) for each round — a probe for plotting α's trajectory, not part of the method."""
@@ -66,14 +66,14 @@ class APFLClient(ClientUpdate):
     def client_state(self, method, theta, groups):
         return {"v": theta.clone(), "alpha": theta.new_tensor(self.alpha)}
 
-    def local_train(self, setup, r, jobs, down, cstate):
-        theta, lr = down["theta"], setup.cfg.lr
+    def local_train(self, method, ctx, jobs, down, cstate):
+        theta, lr = down["theta"], ctx.lr
         alpha_lr = lr if self.alpha_lr is None else self.alpha_lr
-        out = [apfl_client(setup.loss_fn, theta, cstate["v"][i], cstate["alpha"][i], j.x, j.y, j.batches, lr,
+        out = [apfl_client(ctx.loss_fn, theta, cstate["v"][i], cstate["alpha"][i], j.x, j.y, j.batches, lr,
                            alpha_lr, self.adaptive) for i, j in enumerate(jobs)]
         W, V, A, losses = (torch.stack(t) for t in zip(*out))
         if self.trace is not None:
-            self.trace.append((r, [j.client_id for j in jobs], A.tolist()))
+            self.trace.append((ctx.round, [j.client_id for j in jobs], A.tolist()))
         return {"delta": W - theta}, {"v": V, "alpha": A}, losses
 
     def personal(self, method, theta, cstate, groups):

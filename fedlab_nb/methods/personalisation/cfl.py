@@ -30,7 +30,7 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
-from ...core.method import ClientUpdate, LocalObjective, Method, RoundInfo, ServerSGD, UniformWeighting, weighted_mean
+from ...core.method import LocalObjective, Method, OwnTraining, RoundInfo, ServerSGD, UniformWeighting, weighted_mean
 from ...core.registry import register
 
 
@@ -85,19 +85,19 @@ class ClusterTree(LocalObjective):
 
 
 @dataclass
-class CFLClient(ClientUpdate):
-    trains_at_evaluation = True   # personal models come from the broadcast (the engine passes down=)
+class CFLClient(OwnTraining):
+    trains_at_evaluation = True   # personal models come from the broadcast (`personal_at_evaluation` gets it)
 
-    def local_train(self, setup, r, jobs, down, cstate):
+    def local_train(self, method, ctx, jobs, down, cstate):
         models, theta = down["models"], down["theta"]
         ids = torch.tensor([j.client_id for j in jobs])
         start = models[down["assign"][ids].to(models.device)]
-        W, losses = setup.train(setup.loss_fn, theta, jobs, setup.cfg.lr, LocalObjective(), start=start,
-                                optimizer=setup.method.optimizer, groups=setup.groups, weights=True)
+        W, losses = ctx.train(theta, jobs, LocalObjective(), start=start)
         return {"delta": W - theta}, cstate, losses
 
-    def personal(self, method, theta, cstate, groups, setup=None, round=None, down=None):
-        return None if down is None else down["models"][down["assign"].to(down["models"].device)]
+    def personal_at_evaluation(self, method, theta, cstate, ctx, down):
+        """Each client's cluster model, as the server last assigned it."""
+        return down["models"][down["assign"].to(down["models"].device)]
 
 
 @register("cfl", claims="clustered_fl")

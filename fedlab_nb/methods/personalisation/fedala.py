@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.func import grad_and_value
 
-from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
+from ...core.method import DataSizeWeighting, LocalObjective, Method, OwnTraining, ServerSGD, weighted_mean
 from ...core.registry import register
 from ...core.streams import register_stream
 from ...models import param_spec
@@ -57,7 +57,7 @@ def learn_weights(loss_fn, w, theta, weights, top, x, y, batch_size, eta, first,
 
 
 @dataclass
-class FedALAClient(ClientUpdate):
+class FedALAClient(OwnTraining):
     eta: float = 1.0
     rand_percent: int = 80
     layer_idx: int = 2
@@ -67,9 +67,9 @@ class FedALAClient(ClientUpdate):
     def client_state(self, method, theta, groups):
         return {"model": theta.clone(), "weights": torch.ones_like(theta), "learned": torch.zeros(())}
 
-    def local_train(self, setup, r, jobs, down, cstate):
+    def local_train(self, method, ctx, jobs, down, cstate):
         theta = down["theta"]
-        top = top_mask(param_spec(setup.loss_fn.model), self.layer_idx, theta.device)
+        top = top_mask(param_spec(ctx.model), self.layer_idx, theta.device)
         starts, weights, ran = [], [], []
         for i, job in enumerate(jobs):
             w, W = cstate["model"][i], cstate["weights"][i]
@@ -78,13 +78,12 @@ class FedALAClient(ClientUpdate):
                 starts.append(theta.clone())
                 weights.append(W)
                 continue
-            x, y = self._slice(job, setup.cfg.seed, r)
-            W, start = learn_weights(setup.loss_fn, w, theta, W, top, x, y, setup.cfg.batch_size, self.eta,
+            x, y = self._slice(job, ctx.seed, ctx.round)
+            W, start = learn_weights(ctx.loss_fn, w, theta, W, top, x, y, ctx.batch_size, self.eta,
                                      not bool(cstate["learned"][i]), self.threshold, self.max_epochs)
             starts.append(start)
             weights.append(W)
-        W_out, losses = setup.train(setup.loss_fn, theta, jobs, setup.cfg.lr, LocalObjective(), start=torch.stack(starts),
-                                    optimizer=setup.method.optimizer, groups=setup.groups, weights=True)
+        W_out, losses = ctx.train(theta, jobs, LocalObjective(), start=torch.stack(starts))
         ran = torch.tensor(ran, device=theta.device, dtype=cstate["learned"].dtype)
         new = {"model": W_out.clone(), "weights": torch.stack(weights), "learned": torch.maximum(cstate["learned"], ran)}
         return {"delta": W_out - theta}, new, losses

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.groups import ParamGroups
-from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
+from ...core.method import ClientUpdate, DataSizeWeighting, LocalContext, LocalObjective, Method, ServerSGD, weighted_mean
 from ...core.registry import register
 from ...core.round import LocalJob, batch_schedule
 from ...core.streams import register_stream
@@ -21,13 +21,13 @@ from ...utils import rng
 FINETUNE = register_stream("finetune", 11)   # the evaluation-time fine-tuning batches
 
 
-def finetune_jobs(setup, rnd: int, steps: int | None, epochs: int | None) -> list[LocalJob]:
-    """Every client's fine-tuning work after round `rnd`: `epochs` passes, or `steps` mini-batches."""
-    fed, cfg, jobs = setup.fed, setup.cfg, []
+def finetune_jobs(ctx: LocalContext, steps: int | None, epochs: int | None) -> list[LocalJob]:
+    """Every client's fine-tuning work after round `ctx.round`: `epochs` passes, or `steps` mini-batches."""
+    fed, jobs = ctx.fed, []
     for k in range(fed.num_clients):
         x, y = fed.client_train[k]
-        g = rng(cfg.seed, FINETUNE, rnd, k)
-        batches = batch_schedule(len(y), cfg.batch_size, epochs or 1, None if epochs else steps, g) if len(y) else []
+        g = rng(ctx.seed, FINETUNE, ctx.round, k)
+        batches = batch_schedule(len(y), ctx.batch_size, epochs or 1, None if epochs else steps, g) if len(y) else []
         jobs.append(LocalJob(k, x, y, batches))
     return jobs
 
@@ -42,17 +42,14 @@ class FineTuneClient(ClientUpdate):
     finetune: ParamGroups | None = None
     trains_at_evaluation = True
 
-    def personal(self, method, theta, cstate, groups, setup=None, round=0):
-        start = super().personal(method, theta, cstate, groups)  # None: θ for every client
-        if setup is None:
-            return start
-        model = setup.loss_fn.model
-        if next(model.buffers(), None) is not None:
+    def personal_at_evaluation(self, method, theta, cstate, ctx, down):
+        """Every client's model fine-tuned from θ (with its kept-local tensors) on its own training data."""
+        start = self.personal(method, theta, cstate, ctx.groups)  # None: θ for every client
+        if next(ctx.model.buffers(), None) is not None:
             raise NotImplementedError("evaluation-time fine-tuning of models with buffers (BatchNorm) is not "
                                       "supported yet")
-        which = (self.finetune or ParamGroups()).resolve(groups.spec)
-        W, _ = setup.train(setup.loss_fn, theta, finetune_jobs(setup, round, self.steps, self.epochs), setup.cfg.lr,
-                           LocalObjective(), start=start, optimizer=method.optimizer, groups=which, weights=True)
+        which = (self.finetune or ParamGroups()).resolve(ctx.groups.spec)
+        W, _ = ctx.train(theta, finetune_jobs(ctx, self.steps, self.epochs), LocalObjective(), start=start, groups=which)
         return W
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...core.method import (ClientUpdate, DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerAssign,
+from ...core.method import (DataSizeWeighting, LocalObjective, Method, OwnTraining, RoundInfo, ServerAssign,
                            weighted_mean)
 from ...core.registry import register
 from ...core.round import LocalJob, batch_schedule
@@ -117,7 +117,7 @@ class ModelTable(LocalObjective):
 
 
 @dataclass
-class FedFomoClient(ClientUpdate):
+class FedFomoClient(OwnTraining):
     n_models: int = 8
     epsilon: float = 0.3
     epsilon_decay: float = 0.05
@@ -136,26 +136,24 @@ class FedFomoClient(ClientUpdate):
         w, r = fomo_weights(own_loss, losses, distance(cand, own, self.norm))
         return own + w @ (cand - own), r
 
-    def local_train(self, setup, r, jobs, down, cstate):
-        cfg, models, up = setup.cfg, down["models"], down["uploaded"].cpu().numpy()
-        K, eps = len(models), max(self.epsilon - r * self.epsilon_decay, 0.0)
+    def local_train(self, method, ctx, jobs, down, cstate):
+        models, up = down["models"], down["uploaded"].cpu().numpy()
+        K, eps = len(models), max(self.epsilon - ctx.round * self.epsilon_decay, 0.0)
         starts, train_jobs = [], []
         aff = down["affinity"][torch.as_tensor([j.client_id for j in jobs], device=models.device)].clone()
         for i, job in enumerate(jobs):
             k, own = job.client_id, cstate["model"][i].to(models.device)
-            vi, ti = val_split(len(job.y), self.val_fraction, cfg.seed, k)
+            vi, ti = val_split(len(job.y), self.val_fraction, ctx.seed, k)
             pool = [n for n in range(K) if up[n] and n != k]
             if pool:
-                ids = choose_models(pool, aff[i].cpu().numpy(), self.n_models, eps, rng(cfg.seed, FOMO_PICK, r, k))
-                own, rr = self.federated_update(setup.loss_fn, own, models, ids, job.x[vi], job.y[vi])
+                ids = choose_models(pool, aff[i].cpu().numpy(), self.n_models, eps, rng(ctx.seed, FOMO_PICK, ctx.round, k))
+                own, rr = self.federated_update(ctx.loss_fn, own, models, ids, job.x[vi], job.y[vi])
                 aff[i, ids] += (rr / rr.sum().abs().clamp_min(1e-9)).to(aff.dtype)
             starts.append(own)
-            g = rng(cfg.seed, BATCHES, r, k)
+            g = rng(ctx.seed, BATCHES, ctx.round, k)
             train_jobs.append(LocalJob(k, job.x[ti], job.y[ti],
-                                       batch_schedule(len(ti), cfg.batch_size, cfg.local_epochs, cfg.local_steps, g)))
-        W, losses = setup.train(setup.loss_fn, down["theta"], train_jobs, cfg.lr, LocalObjective(),
-                                start=torch.stack(starts), optimizer=setup.method.optimizer, groups=setup.groups,
-                                weights=True)
+                                       batch_schedule(len(ti), ctx.batch_size, ctx.local_epochs, ctx.local_steps, g)))
+        W, losses = ctx.train(down["theta"], train_jobs, LocalObjective(), start=torch.stack(starts))
         return {"model": W, "affinity": aff}, {"model": W.clone()}, losses
 
     def personal(self, method, theta, cstate, groups):

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad_and_value
 
-from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
+from ...core.method import DataSizeWeighting, LocalObjective, Method, OwnTraining, ServerSGD, weighted_mean
 from ...core.registry import register
 from ...core.streams import register_stream
 from ...models import param_spec, representation, unflatten
@@ -143,7 +143,7 @@ def personal_heads(global_head: torch.Tensor, local_heads: torch.Tensor, counts:
 
 
 @dataclass
-class FedLoGeClient(ClientUpdate):
+class FedLoGeClient(OwnTraining):
     sparsity: float = 0.6
     etf_steps: int = 10_000
     mask_absent: bool = True
@@ -158,12 +158,11 @@ class FedLoGeClient(ClientUpdate):
         _, (C, h), _ = head_slice(spec)
         return sse_classifier(seed, h, C, self.sparsity, self.etf_steps, self.etf_norm)
 
-    def local_train(self, setup, r, jobs, down, cstate):
-        theta, model = down["theta"], setup.loss_fn.model
+    def local_train(self, method, ctx, jobs, down, cstate):
+        theta, model = down["theta"], ctx.model
         spec = param_spec(model)
-        d, opt = theta.numel(), setup.method.optimizer
-        lr = opt.lr or setup.cfg.lr
-        etf = self.classifier(setup.cfg.seed, spec).to(theta.device, theta.dtype)
+        d, opt, lr = theta.numel(), ctx.optimizer, ctx.lr
+        etf = self.classifier(ctx.seed, spec).to(theta.device, theta.dtype)
 
         def total(v, x, y):
             lb, lg, ll = fedloge_losses(model, spec, v[:d], v[d:], x, y, etf)
@@ -175,7 +174,7 @@ class FedLoGeClient(ClientUpdate):
             W.append(v[:d])
             L.append(v[d:])
             losses.append(loss)
-        counts = torch.stack([torch.bincount(j.y, minlength=setup.fed.num_classes).to(theta) for j in jobs])
+        counts = torch.stack([torch.bincount(j.y, minlength=ctx.fed.num_classes).to(theta) for j in jobs])
         return {"delta": torch.stack(W) - theta}, {"lhead": torch.stack(L), "counts": counts}, torch.stack(losses)
 
     def personal(self, method, theta, cstate, groups):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ...core.method import (ClientUpdate, DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerKeep,
+from ...core.method import (DataSizeWeighting, LocalObjective, Method, OwnTraining, RoundInfo, ServerKeep,
                            weighted_mean)
 from ...core.registry import register
 from ...models import param_spec, representation, unflatten
@@ -75,19 +75,17 @@ class GlobalPrototypes(LocalObjective):
 
 
 @dataclass
-class FedProtoClient(ClientUpdate):
+class FedProtoClient(OwnTraining):
     lam: float = 1.0
 
     def client_state(self, method, theta, groups):
         return {"model": theta.clone()}
 
-    def local_train(self, setup, r, jobs, down, cstate):
-        model, C, theta = setup.loss_fn.model, setup.fed.num_classes, down["theta"]
-        ctx = self._context(model, theta, down, C, jobs[0].x[:1])
-        jobs = [replace(j, ctx=ctx) for j in jobs]
-        W, losses = setup.train(setup.loss_fn, theta, jobs, setup.cfg.lr, PrototypeRegulariser(self.lam, C),
-                                start=cstate["model"].clone(), optimizer=setup.method.optimizer, groups=setup.groups,
-                                weights=True)
+    def local_train(self, method, ctx, jobs, down, cstate):
+        model, C, theta = ctx.model, ctx.fed.num_classes, down["theta"]
+        rows = self._context(model, theta, down, C, jobs[0].x[:1])   # the regulariser's context row
+        jobs = [replace(j, ctx=rows) for j in jobs]
+        W, losses = ctx.train(theta, jobs, PrototypeRegulariser(self.lam, C), start=cstate["model"].clone())
         protos, counts = zip(*(class_prototypes(model, W[i], j.x, j.y, C) for i, j in enumerate(jobs)))
         return {"protos": torch.stack(protos), "counts": torch.stack(counts)}, {"model": W}, losses
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad_and_value
 
-from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
+from ...core.method import DataSizeWeighting, LocalObjective, Method, OwnTraining, ServerSGD, weighted_mean
 from ...core.registry import register
 from ...models import param_spec, representation, unflatten
 from ..heads import last_layer
@@ -90,18 +90,17 @@ def fedrod_losses(model, spec, w, p, x, y, log_prior):
 
 
 @dataclass
-class FedRoDClient(ClientUpdate):
+class FedRoDClient(OwnTraining):
 
     def client_state(self, method, theta, groups):
         sl, _, _ = head_slice(groups.spec)
         return {"phead": torch.zeros_like(theta[sl])}   # h_P⁰ = 0: the personal model starts as the generic one
 
-    def local_train(self, setup, r, jobs, down, cstate):
-        theta, model = down["theta"], setup.loss_fn.model
+    def local_train(self, method, ctx, jobs, down, cstate):
+        theta, model = down["theta"], ctx.model
         spec = param_spec(model)
         head_slice(spec)
-        d, opt = theta.numel(), setup.method.optimizer
-        lr = opt.lr or setup.cfg.lr
+        d, opt, lr = theta.numel(), ctx.optimizer, ctx.lr
 
         def total(v, x, y, log_prior):
             lg, lp = fedrod_losses(model, spec, v[:d], v[d:], x, y, log_prior)
@@ -109,7 +108,7 @@ class FedRoDClient(ClientUpdate):
         grad_fn = grad_and_value(total, has_aux=True)
         W, P, losses = [], [], []
         for i, job in enumerate(jobs):
-            log_prior = class_log_prior(job.y, setup.fed.num_classes).to(theta.device)
+            log_prior = class_log_prior(job.y, ctx.fed.num_classes).to(theta.device)
             v, loss = train_extended(torch.cat([theta, cstate["phead"][i].to(theta.device)]), job, grad_fn, opt,
                                      lr, log_prior)
             W.append(v[:d])

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ...core.messages import Transform
-from ...core.method import ClientUpdate, DataSizeWeighting, Method, ServerSGD, UniformWeighting
+from ...core.method import DataSizeWeighting, Method, OwnTraining, ServerSGD, UniformWeighting
 from ...core.registry import register
 from ...core.round import batch_schedule
 from ...core.streams import register_stream
@@ -162,7 +162,7 @@ def epochs_of(batches: list, n: int, batch_size: int) -> list[list]:
 
 
 @dataclass
-class FedSelectClient(ClientUpdate):
+class FedSelectClient(OwnTraining):
     """Store entries per client: "mask" (personal set for its next round), "kept" (the personal set it
     trained with: those coordinates start from "own" next round), "own" (its last trained weights),
     "snapshot" (its weights at its last growth, θ₀ at first) and "rounds" (rounds it has trained)."""
@@ -181,20 +181,20 @@ class FedSelectClient(ClientUpdate):
         """θ on the global coordinates, the client's own values on the personal ones it trained with."""
         return torch.where(cstate["kept"], cstate["own"].to(theta.dtype), theta)
 
-    def local_train(self, setup, r, jobs, down, cstate):
-        model = setup.loss_fn.model
+    def local_train(self, method, ctx, jobs, down, cstate):
+        model = ctx.model
         if next(model.buffers(), None) is not None:
             raise ValueError("FedSelect trains flat parameters only; use a model without buffers (BatchNorm)")
-        theta, cfg = down["theta"], setup.cfg
-        segments = eligible_segments(setup.groups.spec, self.eligible)
+        theta = down["theta"]
+        segments = eligible_segments(ctx.groups.spec, self.eligible)
         W, losses = self.start_rows(theta, cstate), []
         new = {k: v.clone() for k, v in cstate.items()}
         for i, job in enumerate(jobs):
             n, personal = len(job.y), cstate["mask"][i]
-            second = batch_schedule(n, cfg.batch_size, 1, len(job.batches), rng(cfg.seed, FEDSELECT, r, job.client_id))
-            mine = epochs_of(job.batches, n, cfg.batch_size)
+            second = batch_schedule(n, ctx.batch_size, 1, len(job.batches), rng(ctx.seed, FEDSELECT, ctx.round, job.client_id))
+            mine = epochs_of(job.batches, n, ctx.batch_size)
             theirs = [second[sum(map(len, mine[:e])):][:len(c)] for e, c in enumerate(mine)]
-            W[i], loss = local_alt(setup.loss_fn, W[i], personal, mine, theirs, job.x, job.y, cfg.lr)
+            W[i], loss = local_alt(ctx.loss_fn, W[i], personal, mine, theirs, job.x, job.y, ctx.lr)
             losses.append(loss)
             t = int(cstate["rounds"][i])
             if t % self.every == 0 and t != 0:  # GradSelect, as the official code (round % lth_iters == 0, not 0)

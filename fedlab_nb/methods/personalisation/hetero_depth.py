@@ -24,7 +24,7 @@ from torch import nn
 
 from ...core.groups import ParamGroups
 from ...core.messages import Transform
-from ...core.method import ClientUpdate, Method, weighted_mean
+from ...core.method import ClientUpdate, Method, OwnTraining, weighted_mean
 from ...engine.client import make_loss
 from ...engine.evaluate import evaluate
 from ...models import param_spec
@@ -123,7 +123,7 @@ class DepthLayout:
         return {k: torch.cat(v) for k, v in out.items()}
 
 
-class HeteroDepthClient(ClientUpdate):
+class HeteroDepthClient(OwnTraining):
     """The base method's single track, run per depth group with the engine's kernel on `DepthView(net, d)` and
     the missing blocks frozen. Message: Δ (zero on missing blocks) and `depth`; any other [m, D] entry (SCAFFOLD's
     Δc) is zeroed on missing blocks, and [m, D] client state (c_k, MOON's previous model) keeps its old values there."""
@@ -131,24 +131,24 @@ class HeteroDepthClient(ClientUpdate):
     def __init__(self, layout: DepthLayout):
         self.layout = layout
 
-    def local_train(self, s, r, jobs, down, cstate):
-        method, theta = s.method, down["theta"]
+    def local_train(self, method, ctx, jobs, down, cstate):
+        theta = down["theta"]
         (track,) = self.tracks(method)
         obj_state = {k[len("objective."):]: v for k, v in cstate.items() if k.startswith("objective.")}
-        ctx = track.objective.context(down, obj_state)
-        if ctx is not None:  # the engine hands local_train jobs without the objective's context rows
-            jobs = [replace(j, ctx=ctx[i]) for i, j in enumerate(jobs)]
+        rows = track.objective.context(down, obj_state)
+        if rows is not None:  # the engine hands local_train jobs without the objective's context rows
+            jobs = [replace(j, ctx=rows[i]) for i, j in enumerate(jobs)]
         depths = torch.tensor([self.layout.depths[j.client_id] for j in jobs])
         W, losses = theta.repeat(len(jobs), 1), theta.new_zeros(len(jobs))
-        net, criterion = s.loss_fn.model, getattr(s.loss_fn, "criterion", None)
+        net, criterion = ctx.model, getattr(ctx.loss_fn, "criterion", None)
         for d in depths.unique().tolist():
             rows = (depths == d).nonzero().ravel()
             view = DepthView(net, d)
             groups = ParamGroups(frozen=tuple(method.groups.frozen) + self.layout.unheld(d)).resolve(param_spec(view))
-            W[rows], losses[rows] = s.train(make_loss(view, criterion), theta, [jobs[i] for i in rows], s.cfg.lr,
-                                            track.objective, optimizer=track.optimizer, groups=groups, weights=True)
+            W[rows], losses[rows] = replace(ctx, optimizer=track.optimizer).train(
+                theta, [jobs[i] for i in rows], track.objective, groups=groups, loss_fn=make_loss(view, criterion))
         steps = torch.tensor([float(len(j.batches)) for j in jobs], device=theta.device)
-        entries, new = self.finish({"w": W}, theta, down, cstate, steps, s.cfg.lr, method, s.groups)
+        entries, new = self.finish({"w": W}, theta, down, cstate, steps, ctx.lr, method, ctx.groups)
         held = torch.stack([self.layout.held(int(d)) for d in depths]).to(theta.device)
         for name, value in entries.items():
             if name != "delta" and value.shape == held.shape:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...core.method import ClientUpdate, LocalObjective, Method, RoundInfo, ServerSGD, UniformWeighting, weighted_mean
+from ...core.method import LocalObjective, Method, OwnTraining, RoundInfo, ServerSGD, UniformWeighting, weighted_mean
 from ...core.registry import register
 
 
@@ -64,24 +64,22 @@ class ClusterModels(LocalObjective):
 
 
 @dataclass
-class IFCAClient(ClientUpdate):
-    trains_at_evaluation = True   # personal models need each client's data (the engine passes setup=, down=)
+class IFCAClient(OwnTraining):
+    trains_at_evaluation = True   # personal models need each client's data and the broadcast k models
 
     def client_state(self, method, theta, groups):
         return {"cluster": torch.tensor(-1, dtype=torch.int64)}
 
-    def local_train(self, setup, r, jobs, down, cstate):
+    def local_train(self, method, ctx, jobs, down, cstate):
         models, theta = down["models"], down["theta"]
-        chosen = torch.tensor([choose_cluster(setup.loss_fn, models, j.x, j.y) for j in jobs], device=theta.device)
-        W, losses = setup.train(setup.loss_fn, theta, jobs, setup.cfg.lr, LocalObjective(), start=models[chosen],
-                                optimizer=setup.method.optimizer, groups=setup.groups, weights=True)
+        chosen = torch.tensor([choose_cluster(ctx.loss_fn, models, j.x, j.y) for j in jobs], device=theta.device)
+        W, losses = ctx.train(theta, jobs, LocalObjective(), start=models[chosen])
         return {"delta": W - theta, "cluster": chosen}, {"cluster": chosen}, losses
 
-    def personal(self, method, theta, cstate, groups, setup=None, round=None, down=None):
-        if setup is None or down is None:
-            return None
+    def personal_at_evaluation(self, method, theta, cstate, ctx, down):
+        """Each client's choice among the broadcast k models, on its own training data."""
         models = down["models"]
-        return torch.stack([models[choose_cluster(setup.loss_fn, models, x, y)] for x, y in setup.fed.client_train])
+        return torch.stack([models[choose_cluster(ctx.loss_fn, models, x, y)] for x, y in ctx.fed.client_train])
 
 
 def assignments(loss_fn, models: torch.Tensor, fed) -> np.ndarray:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad, grad_and_value, jvp
 
-from ...core.method import ClientUpdate, Method, ServerSGD, UniformWeighting, weighted_mean
+from ...core.method import Method, OwnTraining, ServerSGD, UniformWeighting, weighted_mean
 from ...core.registry import register
 
 
@@ -56,25 +56,23 @@ def adapt(loss_fn, w, x, y, alpha: float):
 
 
 @dataclass
-class PerFedAvgClient(ClientUpdate):
+class PerFedAvgClient(OwnTraining):
     alpha: float = 0.01
     hessian_free: bool = False
 
-    def local_train(self, setup, r, jobs, down, cstate):
+    def local_train(self, method, ctx, jobs, down, cstate):
         theta = down["theta"]
-        out = [per_fedavg_client(setup.loss_fn, theta, j.x, j.y, j.batches, self.alpha, setup.cfg.lr,
+        out = [per_fedavg_client(ctx.loss_fn, theta, j.x, j.y, j.batches, self.alpha, ctx.lr,
                                  self.hessian_free) for j in jobs]
         W, losses = (torch.stack(t) for t in zip(*out))
         return {"delta": W - theta}, cstate, losses
 
-    trains_at_evaluation = True   # the engine passes setup= (data, loss) to `personal` at every evaluation
+    trains_at_evaluation = True   # personal models adapt θ on each client's data at every evaluation
 
-    def personal(self, method, theta, cstate, groups, setup=None, round=None):
+    def personal_at_evaluation(self, method, theta, cstate, ctx, down):
         """Every client's one-step adaptation of the global model on its local training data, [K, d]."""
-        if setup is None:
-            return None
-        return torch.stack([adapt(setup.loss_fn, theta, x, y, self.alpha) if len(y) else theta
-                            for x, y in setup.fed.client_train])
+        return torch.stack([adapt(ctx.loss_fn, theta, x, y, self.alpha) if len(y) else theta
+                            for x, y in ctx.fed.client_train])
 
 
 @register("per_fedavg", claims="personalisation_baselines")

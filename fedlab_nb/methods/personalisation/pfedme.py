@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad_and_value
 
-from ...core.method import ClientUpdate, DataSizeWeighting, Method, ServerSGD, weighted_mean
+from ...core.method import DataSizeWeighting, Method, OwnTraining, ServerSGD, weighted_mean
 from ...core.registry import register
 
 
@@ -44,7 +44,7 @@ def pfedme_client(loss_fn, w0: torch.Tensor, x, y, batches, lr: float, personal_
 
 
 @dataclass
-class PFedMeClient(ClientUpdate):
+class PFedMeClient(OwnTraining):
     lam: float = 15.0
     personal_lr: float = 0.09
     inner_steps: int = 5
@@ -52,9 +52,9 @@ class PFedMeClient(ClientUpdate):
     def client_state(self, method, theta, groups):
         return {"personal": theta.clone()}
 
-    def local_train(self, setup, r, jobs, down, cstate):
+    def local_train(self, method, ctx, jobs, down, cstate):
         theta = down["theta"]
-        out = [pfedme_client(setup.loss_fn, theta, j.x, j.y, j.batches, setup.cfg.lr, self.personal_lr,
+        out = [pfedme_client(ctx.loss_fn, theta, j.x, j.y, j.batches, ctx.lr, self.personal_lr,
                              self.lam, self.inner_steps) for j in jobs]
         W, P, losses = (torch.stack(t) for t in zip(*out))
         return {"delta": W - theta}, {"personal": P}, losses

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad_and_value
 
-from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, RoundInfo, ServerSGD, weighted_mean
+from ...core.method import DataSizeWeighting, LocalObjective, Method, OwnTraining, RoundInfo, ServerSGD, weighted_mean
 from ...core.registry import register
 from ...core.round import LocalJob
 
@@ -98,7 +98,7 @@ class AuxiliaryRisk(LocalObjective):
 
 
 @dataclass
-class PGFedClient(ClientUpdate):
+class PGFedClient(OwnTraining):
     """Local training from θ with the auxiliary gradient and the per-step a update; the message is
     Δ = θ_i − θ, g_i, c_i and the new row a_i; the store keeps θ_i (the personal model) and PGFedMo's
     momentum buffer."""
@@ -121,7 +121,7 @@ class PGFedClient(ClientUpdate):
         aux = seen * (self.beta * cstate["aux"].to(new.dtype) + (1 - self.beta) * new) + (1 - seen) * new
         return a, grads, c, aux
 
-    def local_train(self, setup, r, jobs, down, cstate):
+    def local_train(self, method, ctx, jobs, down, cstate):
         theta = down["theta"]
         ids = torch.as_tensor([j.client_id for j in jobs], device=theta.device)
         a, grads, c, aux = self.round_start(down, cstate, ids)
@@ -134,10 +134,9 @@ class PGFedClient(ClientUpdate):
                 a[live] = weight_step(a[live], c, grads, W[live], self.mu, self.lam, self.a_grad == "exact")
             step = [LocalJob(jobs[i].client_id, jobs[i].x, jobs[i].y, [jobs[i].batches[s]],
                              None if aux is None else aux[i]) for i in live]
-            W[live], losses = setup.train(setup.loss_fn, theta, step, setup.cfg.lr, objective, start=W[live],
-                                          optimizer=setup.method.optimizer, groups=setup.groups, weights=True)
+            W[live], losses = ctx.train(theta, step, objective, start=W[live])
             loss_sum[live] += losses
-        G, c_new = full_gradients(setup.loss_fn, W, jobs)
+        G, c_new = full_gradients(ctx.loss_fn, W, jobs)
         a_rows = down["pgfed.a"][ids].clone()
         if a is None:
             a_rows.fill_(float("nan"))  # the server fills in 1/M after the first round

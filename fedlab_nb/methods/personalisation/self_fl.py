@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad_and_value
 
-from ...core.method import ClientUpdate, Method, ServerSGD, UniformWeighting
+from ...core.method import Method, OwnTraining, ServerSGD, UniformWeighting
 from ...core.registry import register
 from ...core.streams import register_stream
 from ...utils import rng
@@ -133,18 +133,18 @@ def early_stop(path: torch.Tensor, sigma0_sq) -> tuple[torch.Tensor, torch.Tenso
 
 
 @dataclass
-class SelfFLClient(ClientUpdate):
+class SelfFLClient(OwnTraining):
     """Client state: "personal" (the early-stopped model of the client's latest round; θ₀ before), and its
     "steps" ℓ_k and "sigma_sq" σ_k² of that round (for inspection)."""
 
     def client_state(self, method, theta, groups):
         return {"personal": theta.clone(), "steps": theta.new_zeros(()), "sigma_sq": theta.new_zeros(())}
 
-    def local_train(self, setup, r, jobs, down, cstate):
+    def local_train(self, method, ctx, jobs, down, cstate):
         theta, sigma0_sq = down["theta"], down["sigma0_sq"]
         X, S, P, L, losses = [], [], [], [], []
         for j in jobs:
-            path, loss = trajectory(setup.loss_fn, theta, j.x, j.y, j.batches, setup.cfg.lr)
+            path, loss = trajectory(ctx.loss_fn, theta, j.x, j.y, j.batches, ctx.lr)
             local, sigma_sq, steps = early_stop(path, sigma0_sq)
             X.append(local), S.append(sigma_sq), P.append(path[steps]), L.append(float(steps)), losses.append(loss)
         S = torch.stack(S)

@@ -37,7 +37,7 @@ from torch import Tensor
 from torch.func import functional_call, grad_and_value, vmap
 
 from ...core.history import History
-from ...core.method import ClientUpdate, Method, ServerAssign, weighted_mean
+from ...core.method import Method, OwnTraining, ServerAssign, weighted_mean
 from ...core.registry import register
 from ...core.streams import register_stream
 from ...engine import simulate
@@ -153,7 +153,7 @@ def dp_sgd_clients(model, layout: LoRALayout, theta: Tensor, data, *, train_a: b
 
 
 @dataclass
-class DPLoRAClientUpdate(ClientUpdate):
+class DPLoRAClientUpdate(OwnTraining):
     """A round of DP-SGD on the broadcast LoRA factors (`local_train`): `local_steps` Poisson batches of rate
     `sample_rate`, per-sample clipping at `clip_norm`, noise z = `noise_multiplier`, step size the run's lr.
     Sends "B" (its B factors, FedSVD and FFA-LoRA) or "lora" (A and B, DP-LoRA). The run's batch_size and
@@ -165,12 +165,12 @@ class DPLoRAClientUpdate(ClientUpdate):
     clip_norm: float | None = 2.0
     noise_multiplier: float = 0.0
 
-    def local_train(self, setup, r: int, jobs, down: dict, cstate: dict):
-        seed = setup.cfg.seed
-        gens = [torch.Generator().manual_seed(int(rng(seed, DP_SGD, r, j.client_id).integers(2**62))) for j in jobs]
-        W, losses = dp_sgd_clients(setup.loss_fn.model, self.layout, down["theta"], [(j.x, j.y) for j in jobs],
+    def local_train(self, method, ctx, jobs, down, cstate):
+        seed = ctx.seed
+        gens = [torch.Generator().manual_seed(int(rng(seed, DP_SGD, ctx.round, j.client_id).integers(2**62))) for j in jobs]
+        W, losses = dp_sgd_clients(ctx.model, self.layout, down["theta"], [(j.x, j.y) for j in jobs],
                                    train_a=self.train_a, steps=self.local_steps, sample_rate=self.sample_rate,
-                                   lr=setup.cfg.lr, clip_norm=self.clip_norm, noise_multiplier=self.noise_multiplier,
+                                   lr=ctx.lr, clip_norm=self.clip_norm, noise_multiplier=self.noise_multiplier,
                                    generators=gens)
         return ({"lora": W} if self.train_a else {"B": self.layout.b_only(W)}), cstate, losses
 

@@ -34,7 +34,7 @@ from ...core.round import LocalJob
 from ...core.streams import register_stream
 from ...models import param_spec, unflatten
 from ...utils import check_positive_int, rng
-from ...core.method import ClientUpdate, DataSizeWeighting, LocalObjective, Method, ServerSGD, weighted_mean
+from ...core.method import DataSizeWeighting, LocalObjective, Method, OwnTraining, ServerSGD, weighted_mean
 
 FLIP_INVERSION = register_stream("flip_inversion", 58)   # targets, rows and mask initialisation of the inversion
 EPS = 1e-7  # keeps arctanh finite at the box edges (the official code's epsilon)
@@ -133,7 +133,7 @@ def harden_rows(forward, x: torch.Tensor, y: torch.Tensor, num_classes: int, g: 
 
 
 @dataclass
-class FLIPClient(ClientUpdate):
+class FLIPClient(OwnTraining):
     """Local SGD on data hardened by trigger inversion (benign clients); the compromised clients (`compromised`,
     default: the run's poison clients) train on their own data as given."""
     targets: int | None = None  # candidate target labels inverted per client and round (None: all)
@@ -152,27 +152,24 @@ class FLIPClient(ClientUpdate):
         if not 0 < self.fraction <= 1:
             raise ValueError(f"fraction (of rows to stamp with inverted triggers) must be in (0, 1], got {self.fraction}")
 
-    def _compromised(self, setup) -> set:
-        if self.compromised is not None:
-            return set(self.compromised)
-        poison = setup.cfg.extra.get("poison")
-        return set() if poison is None else set(poison.clients)
+    def _compromised(self, ctx) -> set:
+        """The clients that keep their rows as they are: the given ones, else those the run's data poison rewrites."""
+        return set(self.compromised) if self.compromised is not None else set(ctx.poisoned)
 
-    def local_train(self, setup, r, jobs, down, cstate):
+    def local_train(self, method, ctx, jobs, down, cstate):
         theta = down["theta"]
-        forward = model_forward(setup.loss_fn.model, theta)
-        bad, C = self._compromised(setup), setup.fed.num_classes
+        forward = model_forward(ctx.model, theta)
+        bad, C = self._compromised(ctx), ctx.fed.num_classes
         hardened = []
         for j in jobs:
             if j.client_id in bad:
                 hardened.append(j)
                 continue
-            g = rng(setup.cfg.seed, FLIP_INVERSION, r, j.client_id)
+            g = rng(ctx.seed, FLIP_INVERSION, ctx.round, j.client_id)
             x = harden_rows(forward, j.x, j.y, C, g, targets=self.targets, fraction=self.fraction, rows=self.rows,
                             steps=self.steps, lam=self.lam, lr=self.lr)
             hardened.append(LocalJob(j.client_id, x, j.y, j.batches, j.ctx))
-        W, losses = setup.train(setup.loss_fn, theta, hardened, setup.cfg.lr, setup.method.objective,
-                                optimizer=setup.method.optimizer, groups=setup.groups, weights=True)
+        W, losses = ctx.train(theta, hardened, method.objective)
         return {"delta": W - theta}, cstate, losses
 
 

@@ -33,7 +33,7 @@ from torch import nn
 
 from ...core.history import History
 from ...core.messages import Transform
-from ...core.method import ClientUpdate, Method, ServerAssign, UniformWeighting
+from ...core.method import Method, OwnTraining, ServerAssign, UniformWeighting
 from ...core.registry import register
 from ...core.round import batch_schedule
 from ...core.streams import SAMPLE
@@ -344,7 +344,7 @@ def _layers(flat: Tensor, layer_sizes) -> list[Tensor]:
 
 
 @dataclass
-class FRLClientUpdate(ClientUpdate):
+class FRLClientUpdate(OwnTraining):
     """FRL's local training (`local_train`): edge-popup from the broadcast scores on the engine's batch
     schedules, at lr · lr_decay^round with a cosine over the local epochs; the message is the "ranking"
     of every layer (int64, the layers' rankings concatenated, each in layer-local edge ids)."""
@@ -352,13 +352,13 @@ class FRLClientUpdate(ClientUpdate):
     momentum: float = 0.9
     weight_decay: float = 1e-4
 
-    def local_train(self, setup, r: int, jobs, down: dict, cstate: dict):
-        model = setup.loss_fn.model
+    def local_train(self, method, ctx, jobs, down, cstate):
+        model = ctx.model
         net = model.net
         start = _layers(down["theta"], net.layer_sizes)
         scores, losses = edge_popup(net, start, [(j.x, j.y) for j in jobs], [j.batches for j in jobs],
-                                    epochs=setup.cfg.local_epochs, batch_size=setup.cfg.batch_size,
-                                    lr=setup.cfg.lr * self.lr_decay ** r, momentum=self.momentum,
+                                    epochs=ctx.local_epochs, batch_size=ctx.batch_size,
+                                    lr=ctx.lr * self.lr_decay ** ctx.round, momentum=self.momentum,
                                     weight_decay=self.weight_decay)
         ranking = torch.cat([s.argsort(dim=1, stable=True) for s in scores], dim=1)  # ranking_of, row by row
         return {"ranking": ranking}, cstate, losses
