@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedlab_nb.repro.claims import load_paper, paper_ids  # noqa: E402
 from fedlab_nb.repro.results import read_result  # noqa: E402
+from fedlab_nb.repro.runner import QUICK  # noqa: E402
 
 TABLE = ROOT / "docs" / "paper_scale.md"
 STORE = ROOT / "papers" / "paper_scale"
@@ -82,6 +83,9 @@ def store(paper_id: str, results: Path, root: Path = ROOT) -> Path:
         raise SystemExit(f"{source} {problem}; run `fedlab-nb reproduce {paper_id} --scale paper` first")
     if data.get("error"):
         raise SystemExit(f"{source}: the run failed ({data['error'].get('ename')}); nothing stored")
+    if isinstance(data.get("parameters"), dict) and data["parameters"].get(QUICK):
+        raise SystemExit(f"{source}: a quick run (quick=True: the paper's code path on a tiny budget, for the tests) "
+                         "is not a paper-scale result; nothing stored")
     folder = root / "papers" / "paper_scale" / paper_id
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)

@@ -193,6 +193,18 @@ def build_parameters(paper: Paper, scale: str, overrides: dict | None, device: s
     return check_parameters(params, defaults, notebook), defaults
 
 
+QUICK = "quick"  # the notebook parameter that cuts the paper scale to a code-path test (tests/test_paper_scale.py)
+
+
+def refuse_quick(params: dict, what: str) -> None:
+    """A run with `quick` true (the paper scale's code path on a tiny budget, for the tests) is never a result:
+    `reproduce` and the paper-scale store refuse it (`fedlab-nb run` still runs it, its parameters.json says so)."""
+    if params.get(QUICK):
+        raise ParameterError(f"{what}: made with quick=True, the paper scale's code path on a tiny budget for the "
+                             "tests, not a result; it is never recorded as one (run it with `fedlab-nb run ID --scale "
+                             "paper -p quick True`; reproduce without quick)")
+
+
 def check_scale(scale) -> str:
     """A scale name is an identifier ('smoke', 'paper'): it names files in the results folder, never a path."""
     if not isinstance(scale, str) or not SCALE_NAME.fullmatch(scale):
@@ -490,6 +502,7 @@ def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, paramete
     out_dir = _out_dir(out_dir, root)
     paper = load_paper(paper_id, root)
     params, defaults = build_parameters(paper, scale, parameters, device)
+    refuse_quick(params, f"reproduce {paper.id} --scale {scale}")
     digest = content_hash(paper, params)
     path = result_path(paper.id, scale, out_dir)
     stem = f"{paper.id}-{scale}"
@@ -513,6 +526,7 @@ def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict,
     """Claim verdicts from what one execution recorded (`run`: notebook or None, run_dir, metrics, error,
     wall_seconds); writes results/<id>-<scale>.json and returns it. Shared by `reproduce` (papermill) and the
     test suite's single nbval execution of each notebook."""
+    refuse_quick(params, f"{paper.id} ({scale})")
     rows, root, path = [], paper.root, result_path(paper.id, scale, out_dir)
     for claim in paper.claims:
         summary = None
