@@ -185,7 +185,7 @@ _SCALE = ("device", "seconds", "parameters", "note")
 _CLAIM = ("id", "role", "text", "metric", "range", "expect", "partial", "paper_value", "paper_note", "setting",
           "verdict", "note", "seeds", "confidence", "also_seen")
 _REPORT = ("id", "text", "metric", "range", "note", "paper_value", "seeds")
-_PAPER_SCALE = ("setting", "data", "status", "estimate", "quick", "note")
+_PAPER_SCALE = ("setting", "data", "status", "estimate", "note")
 PAPER_SCALE_STATUS = ("runs here", "needs a GPU", "needs data", "no experiment")
 _SETTING = ("paper", "ours")
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
@@ -374,7 +374,7 @@ def _paper_scale(c: _Checker, raw, scales: dict) -> dict | None:
     'runs here' needs a `paper` scale on the CPU; a stand-in runs under `paper-substitute`, never under `paper`."""
     if raw is None:
         return None
-    c.mapping(raw, "paper_scale", _PAPER_SCALE, optional=("estimate", "quick", "note"))
+    c.mapping(raw, "paper_scale", _PAPER_SCALE, optional=("estimate", "note"))
     for key in ("setting", "data", "status"):
         text = c.value(raw, key, f"paper_scale.{key}", (str,), "a string")
         if not text.strip():
@@ -383,10 +383,6 @@ def _paper_scale(c: _Checker, raw, scales: dict) -> dict | None:
         c.value(raw, key, f"paper_scale.{key}", (str,), "a string", optional=True)
     if raw["status"] not in PAPER_SCALE_STATUS:
         c.fail("paper_scale.status", f"is {raw['status']!r}", " | ".join(PAPER_SCALE_STATUS))
-    quick = c.value(raw, "quick", "paper_scale.quick", (dict,), "notebook parameters that cut the paper scale to a "
-                    "round or two for CI, e.g. {rounds: 2}", optional=True)
-    if quick is not None and "paper" not in scales:
-        c.fail("paper_scale.quick", "is set without a paper scale", "a 'paper' entry under scales")
     if "paper" in scales and raw["status"] not in ("runs here", "needs a GPU"):
         c.fail("scales.paper", f"is set while paper_scale.status is {raw['status']!r}: the paper's own setting does "
                "not run here", "name the stand-in 'paper-substitute' (never 'paper'), or run the paper's setting")
