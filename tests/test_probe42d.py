@@ -53,8 +53,6 @@ def no_control(text):
 
 
 # ================================================================================ (1) DP: accountant inputs
-@finding("accounting.epsilon(0.1, z=1e-160, 10, 1e-5) returns 0.0 (perfect privacy) for a release with "
-         "essentially no noise; dp_accounting's RDP arithmetic underflows (z**2 -> 0) and nothing bounds z from below")
 @pytest.mark.parametrize("z", [1e-160, 1e-155])
 def test_tiny_noise_multiplier_never_reports_zero_epsilon(z):
     try:
@@ -65,7 +63,6 @@ def test_tiny_noise_multiplier_never_reports_zero_epsilon(z):
         assert eps == float("inf") or eps > 1e3, eps
 
 
-@finding("accounting.epsilon(0.1, z=1e-200, 10, 1e-5) raises a bare ZeroDivisionError from dp_accounting")
 def test_denormal_noise_multiplier_is_a_number_or_a_named_error():
     try:
         eps = A.epsilon(0.1, 1e-200, 10, 1e-5)
@@ -75,8 +72,6 @@ def test_denormal_noise_multiplier_is_a_number_or_a_named_error():
         assert eps == float("inf") or eps > 1e3
 
 
-@finding("noise_for_epsilon(target_epsilon=1e8, ...) raises dp_accounting's NoBracketIntervalFoundError "
-         "(a search error); inf is refused by name, a huge finite target is not")
 @pytest.mark.parametrize("target", [1e8, 1e20])
 def test_noise_for_a_huge_finite_epsilon_is_a_number_or_a_named_error(target):
     try:
@@ -116,8 +111,6 @@ def trace(method, fed, sampler, rounds, **kw):
     return h, seen
 
 
-@finding("dp_fedavg with noise_multiplier=1e-160 trains as if no noise were added and reports epsilon = 0.0 in "
-         "every row (the accountant underflow above reaches History)")
 def test_dp_run_with_negligible_noise_does_not_report_zero_epsilon(fed10):
     try:
         method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1e-160, clip_norm=0.5, sampling_rate=0.5)
@@ -128,8 +121,6 @@ def test_dp_run_with_negligible_noise_does_not_report_zero_epsilon(fed10):
         assert (np.asarray(h["epsilon"]) > 1e3).all(), list(h["epsilon"])
 
 
-@finding("dp_fedavg with sampling_rate=1e-40 (accepted: in (0, 1]) adds noise of std z*S/(qW) = 5e38 to a float32 "
-         "θ: every round releases an all-inf θ, silently (dp.py DPAggregate.noise_std, no range check)")
 def test_dp_noise_that_overflows_theta_is_refused_not_released(fed10):
     try:
         method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1.0, clip_norm=0.5, sampling_rate=1e-40)

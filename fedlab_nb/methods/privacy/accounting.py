@@ -20,6 +20,9 @@ ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("poisson", "fixed")
 # ε decreases in z and is already 0.0 at z = 1e6; above this dp_accounting's RDP arithmetic overflows
 _Z_CAP = 1e100
+# below this, dp_accounting's RDP arithmetic (alpha / (2 z**2)) overflows or divides by zero (z ~ 1e-154 gives 0.0,
+# 1e-200 a ZeroDivisionError): z < _Z_FLOOR is treated like z = 0, no privacy (ε = inf); ε(1e-100) ~ 5e200 already
+_Z_FLOOR = 1e-100
 # PLD discretises the privacy loss, whose range for one Gaussian round is ~ 2·sqrt(2·50)/z wide (tails cut at
 # e^-50), into buckets of 1e-4: z = 0.2 is ~1e6 buckets per round (seconds); z = 1e-3 would need tens of GiB
 _PLD_MIN_Z = 0.2
@@ -93,7 +96,7 @@ def epsilon(q: float, noise_multiplier: float, steps: int, delta: float, account
     q, noise_multiplier, steps, delta = float(q), float(noise_multiplier), int(steps), float(delta)
     if steps == 0:
         return 0.0
-    if noise_multiplier == 0:
+    if noise_multiplier < _Z_FLOOR:  # z = 0 (no noise) or too little for the accountant's arithmetic: no privacy
         return math.inf
     if accountant == "pld":
         _check_pld_noise(noise_multiplier)
@@ -119,6 +122,8 @@ def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float,
         raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r} (ε = inf needs no "
                          "noise: noise_multiplier=0)")
     bracket = dpa.LowerEndpointAndGuess(1e-3, 1.0)
+    if accountant == "rdp" and epsilon(q, 1e-3, steps, delta, "rdp", sampling) <= target_epsilon:
+        return _tiny_noise_for_epsilon(target_epsilon, q, steps, delta, sampling)
     if accountant == "pld":
         upper = noise_for_epsilon(target_epsilon, q, steps, delta, "rdp", sampling)
         if upper < _PLD_MIN_Z:
@@ -135,6 +140,19 @@ def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float,
         return float(dpa.calibrate_dp_mechanism(lambda: _accountant_for(accountant, sampling),
                                                 lambda z: dp_event(q, z, steps, sampling),
                                                 target_epsilon, delta, bracket))
+
+
+def _tiny_noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float, sampling: str) -> float:
+    """noise_for_epsilon for a target met by z <= 1e-3: RDP bisection on log10(z) in [log10(_Z_FLOOR), -3]."""
+    import dp_accounting as dpa
+    if epsilon(q, _Z_FLOOR, steps, delta, "rdp", sampling) <= target_epsilon:
+        raise ValueError(f"target_epsilon={target_epsilon!r} is met by a noise_multiplier below {_Z_FLOOR:g}, which "
+                         "is no privacy; use noise_multiplier=0 (no noise) or a smaller target_epsilon")
+    with _quiet_absl():
+        log_z = dpa.calibrate_dp_mechanism(lambda: _accountant_for("rdp", sampling),
+                                           lambda x: dp_event(q, 10.0 ** x, steps, sampling), target_epsilon, delta,
+                                           dpa.ExplicitBracketInterval(math.log10(_Z_FLOOR), -3.0), tol=1e-9)
+    return float(10.0 ** log_z)
 
 
 def _accountant_for(accountant: str, sampling: str):
