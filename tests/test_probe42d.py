@@ -170,9 +170,6 @@ def test_boolean_constant_overflow_is_an_error_at_judge_time():  # held ('< true
 
 
 # ================================================================================ (4) secure aggregation
-@finding("with exactly t unmasking responses a corrupted b-share (well-formed, right length) is not detected: "
-         "_rebuild checks b only with a (t+1)-th share, so server.unmask returns a wrong sum with no SecAggAbort "
-         "(secure_aggregation.py SecAggServer._rebuild)")
 def test_secagg_corrupt_b_share_with_exactly_t_survivors_aborts():
     from fedlab_nb.methods.privacy.secure_aggregation import (SecAggAbort, SecAggClient, SecAggParams,
                                                               SecAggServer, _ID)
