@@ -154,8 +154,6 @@ def test_a_huge_integer_metric_is_an_error_verdict_not_a_crash(text, value, metr
         pass
 
 
-@finding("a claim whose expectation names its own metric ('expect: \"<= value\"' on metric value) is accepted: it "
-         "cannot fail (claims.py _can_fail only checks ranges; covers() returns False whenever names are used)")
 @pytest.mark.parametrize("expect", ["<= value", "within 0 of value", "between value - 1 and value + 1"])
 def test_a_self_referential_expectation_is_refused(tmp_path, expect):
     root = root_copy(tmp_path, lambda t: t.replace('expect: ">= 10"', f'expect: "{expect}"'))
@@ -230,8 +228,6 @@ def test_flower_max_float32_updates_keep_theta_finite(fed10):  # held
 
 
 # ================================================================================ (2) links: History sidecar
-@finding("History.save writes the CSV and its .json sidecar through a symbolic link (core/history.py save: "
-         "to_csv / write_text follow links), overwriting the link's target")
 @pytest.mark.parametrize("which", ["h.json", "h.csv"])
 def test_history_save_does_not_write_through_a_link(tmp_path, fed10, which):
     victim = tmp_path / "victim.txt"
