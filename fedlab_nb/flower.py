@@ -187,7 +187,7 @@ class MethodStrategy(Strategy):
         replies = list(replies)
         for bad in (m for m in replies if m.has_error()):
             log.warning("node %s failed this round: %s", bad.metadata.src_node_id, bad.error.reason)
-        good = self._checked(server_round, [m for m in replies if not m.has_error()])
+        good = self._finite_losses(server_round, self._checked(server_round, [m for m in replies if not m.has_error()]))
         row = {"round": server_round, "n_sampled": len(self.sampled), "train_loss": float("nan")}
         if good:
             dev, metrics = self.theta.device, [m for _, m, _ in good]
@@ -200,6 +200,9 @@ class MethodStrategy(Strategy):
             if not torch.isfinite(info.sizes.sum()):  # bounded counts keep this finite; a guard, not a silent inf
                 raise _refuse(server_round, f"clients {ids.tolist()}", "report num-examples whose sum is not finite")
             losses = torch.tensor([float(m["train-loss"]) for m in metrics], device=dev)
+            if not torch.isfinite(info.sizes @ losses):  # the round's size-weighted train loss would be inf
+                raise _refuse(server_round, f"clients {ids.tolist()}", "report train-loss values whose size-weighted "
+                              "sum overflows float32")
             row.update(bytes_up=int(msgs.bytes.sum()), bytes_down=len(self.sampled) * (self.theta_bytes + dense_bytes(
                 {k: v for k, v in self.down.items() if k != "theta"})))
             self.theta, self.state, row["train_loss"] = server_update(self.s.method, self.state, self.theta, info, msgs,
@@ -244,6 +247,19 @@ class MethodStrategy(Strategy):
                 raise _refuse(server_round, f"client {out[0][0]}", f"has {key!r} of dtype {a.dtype} and shape "
                               f"{a.shape}, not θ's {want} ({width},)")
         return out
+
+    def _finite_losses(self, r: int, good: list) -> list:
+        """Replies whose train-loss is finite in float32 (where the round's loss is kept); a NaN, inf or 1e308
+        raises naming the client and the field, or with on_nonfinite='drop' drops that reply, as for updates."""
+        limit = float(torch.finfo(torch.float32).max)
+        bad = [(k, m["train-loss"]) for k, m, _ in good if not abs(float(m["train-loss"])) <= limit]  # NaN fails
+        if bad and self.s.cfg.on_nonfinite == "raise":
+            raise _refuse(r, ", ".join(f"client {k}" for k, _ in bad), f"has train-loss {bad[0][1]!r}, not a finite "
+                          "float32; pass on_nonfinite='drop' to drop such replies")
+        if bad:
+            log.warning("round %d: dropped the replies of clients %s: train-loss not a finite float32", r,
+                        [k for k, _ in bad])
+        return [g for g in good if g[0] not in {k for k, _ in bad}]
 
     def _reply(self, r: int, m) -> tuple[int, dict, dict]:
         node, owner = m.metadata.src_node_id, {n: k for k, n in self.nodes.items()}
