@@ -190,8 +190,6 @@ def test_secagg_corrupt_b_share_with_exactly_t_survivors_aborts():
 
 
 # ================================================================================ (5) Flower adapter
-@finding("the reference spec of the replies is their most common one, so when two of three replies carry an extra "
-         "entry the honest client is refused and named (flower.py MethodStrategy._checked, Counter.most_common)")
 def test_flower_names_the_clients_with_the_extra_entry_not_the_honest_one(fed10):
     from flwr.app import Array
     s = flower_strategy(fed10)
