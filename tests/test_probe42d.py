@@ -233,8 +233,6 @@ def test_history_save_does_not_write_through_a_link(tmp_path, fed10, which):
 
 
 # ================================================================================ (7) CLI input
-@finding("'-p value -1e-3' (a negative number in exponent form) is taken by argparse for an option: 'argument "
-         "-p/--parameter: expected 2 arguments' with the usage text; '-p value -1' and '-.5' work (cli.py nargs=2)")
 @pytest.mark.parametrize("value", ["-1e-3", "-2E5"])
 def test_negative_exponent_parameter_values_are_accepted(tmp_path, value):
     rc, out, err = cli(["--root", root_copy(tmp_path), "--results", tmp_path / "res", "run", "tiny",
