@@ -27,6 +27,10 @@ _Z_FLOOR = 1e-100
 # e^-50), into buckets of 1e-4: z = 0.2 is ~1e6 buckets per round (seconds); z = 1e-3 would need tens of GiB
 _PLD_MIN_Z = 0.2
 _PLD_MAX_STEPS = 10**7
+# PLD's work is an FFT over the composed privacy loss's buckets (16-byte complex, a few arrays at once): 3e7
+# buckets is ~2 GB and tens of seconds (q=0.1, z=1, 1e6 steps); (q=0.1, z=0.2, 1e6 steps) would be ~6e8, 15+ GiB
+_PLD_MAX_BUCKETS = 3e7
+_PLD_BUCKET = 1e-4          # dp_accounting's PLDAccountant value_discretization_interval
 
 
 def _number(name: str, value) -> None:
@@ -79,6 +83,31 @@ def _check_pld_noise(noise_multiplier: float) -> None:
                          "minutes per call); use accountant='rdp' (a valid upper bound on ε)")
 
 
+def _pld_buckets(q: float, z: float, steps: int) -> float:
+    """Estimate of the buckets PLDAccountant needs (within ~25 %): q = 1 is one Gaussian of std z/sqrt(steps), loss
+    range ~ 20/std; q < 1 is the one-round loss range plus the Chernoff width 2·8.4·sqrt(steps·Var[loss]) of the
+    `steps`-fold composition (tail mass 1e-15), Var from a quadrature of the one-round loss (remove and add)."""
+    import numpy as np
+    if q >= 1:
+        return 20 * math.sqrt(steps) / (z * _PLD_BUCKET)
+    x = np.linspace(-10 * z, 1 + 10 * z, 20001)
+    loss = np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * z * z))
+    p0, p1 = np.exp(-x * x / (2 * z * z)), np.exp(-(x - 1) ** 2 / (2 * z * z))
+    var = 0.0
+    for w in ((1 - q) * p0 + q * p1, p0):
+        w = w / w.sum()
+        var = max(var, float((w * (loss - (w * loss).sum()) ** 2).sum()))
+    return float(loss.max() - loss.min()) / _PLD_BUCKET + 2 * 8.4 * math.sqrt(steps * var) / _PLD_BUCKET
+
+
+def _check_pld_work(q: float, noise_multiplier: float, steps: int) -> None:
+    buckets = _pld_buckets(q, noise_multiplier, steps)
+    if buckets > _PLD_MAX_BUCKETS:
+        raise ValueError(f"the PLD accountant needs about {buckets:.1e} buckets (~{buckets * 64 / 2**30:.0f} GiB) for "
+                         f"q={q!r}, noise_multiplier={noise_multiplier!r}, steps={steps} (at most {_PLD_MAX_BUCKETS:.0e}); "
+                         "use accountant='rdp' (a valid upper bound on ε), fewer steps or more noise")
+
+
 def dp_event(q: float, noise_multiplier: float, steps: int, sampling: str = "poisson"):
     """The `dp_accounting` event of `steps` compositions of the q-sampled Gaussian mechanism (noise z·S)."""
     import dp_accounting as dpa
@@ -100,6 +129,7 @@ def epsilon(q: float, noise_multiplier: float, steps: int, delta: float, account
         return math.inf
     if accountant == "pld":
         _check_pld_noise(noise_multiplier)
+        _check_pld_work(q, min(noise_multiplier, _Z_CAP), steps)
     noise_multiplier = min(noise_multiplier, _Z_CAP)  # ε(z) <= ε(1e100) = 0: an upper bound, no overflow
     acc = _accountant_for(accountant, sampling)
     with _quiet_absl():
