@@ -59,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                      help="notebook parameter (fedlab-nb params ID lists them); VALUE is read as YAML "
                      "(0.1 -> float, true -> bool)")
+    # -p VALUE may be any negative number ('-1e-3', '-2E5', '-.5'): argparse's own test takes only '-1' / '-.5'
+    run._negative_number_matcher = ap._negative_number_matcher = re.compile(r"^-\.?\d")
     par = command("params", "a paper's notebook parameters (types, defaults) and its scales' overrides")
     par.add_argument("paper")
     rep = command("reproduce", "run notebooks, check claims, write results/<id>-<scale>.json")

@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
@@ -187,7 +186,7 @@ class MethodStrategy(Strategy):
         replies = list(replies)
         for bad in (m for m in replies if m.has_error()):
             log.warning("node %s failed this round: %s", bad.metadata.src_node_id, bad.error.reason)
-        good = self._checked(server_round, [m for m in replies if not m.has_error()])
+        good = self._finite_losses(server_round, self._checked(server_round, [m for m in replies if not m.has_error()]))
         row = {"round": server_round, "n_sampled": len(self.sampled), "train_loss": float("nan")}
         if good:
             dev, metrics = self.theta.device, [m for _, m, _ in good]
@@ -200,6 +199,9 @@ class MethodStrategy(Strategy):
             if not torch.isfinite(info.sizes.sum()):  # bounded counts keep this finite; a guard, not a silent inf
                 raise _refuse(server_round, f"clients {ids.tolist()}", "report num-examples whose sum is not finite")
             losses = torch.tensor([float(m["train-loss"]) for m in metrics], device=dev)
+            if not torch.isfinite(info.sizes @ losses):  # the round's size-weighted train loss would be inf
+                raise _refuse(server_round, f"clients {ids.tolist()}", "report train-loss values whose size-weighted "
+                              "sum overflows float32")
             row.update(bytes_up=int(msgs.bytes.sum()), bytes_down=len(self.sampled) * (self.theta_bytes + dense_bytes(
                 {k: v for k, v in self.down.items() if k != "theta"})))
             self.theta, self.state, row["train_loss"] = server_update(self.s.method, self.state, self.theta, info, msgs,
@@ -216,7 +218,7 @@ class MethodStrategy(Strategy):
     def _checked(self, server_round: int, replies: list) -> list[tuple[int, dict, dict]]:
         """(client id, metrics, message entries as arrays) of each reply, sorted by id: each id is the one its
         node holds and was sampled this round, once; metrics are numbers; entries have one spec (names, dtypes,
-        shapes: the replies' most common one) with θ's float dtype. Anything else raises naming the client."""
+        shapes: those the method's client code produces) with θ's float dtype. Anything else raises naming the client."""
         out = sorted((self._reply(server_round, m) for m in replies), key=lambda t: t[0])
         if len({k for k, _, _ in out}) != len(out):
             raise _refuse(server_round, "several nodes", f"claims client ids {[k for k, _, _ in out]} (a repeat)")
@@ -225,7 +227,8 @@ class MethodStrategy(Strategy):
         if sum(m["num-examples"] for _, m, _ in out) == 0:  # nobody trained on anything: no weight to aggregate by
             raise _refuse(server_round, ", ".join(f"client {k}" for k, _, _ in out), "reports num-examples = 0 (the "
                           "round's total): at least one reply must have trained on examples")
-        ref = Counter(_spec(e) for _, _, e in out).most_common(1)[0][0]
+        specs = {_spec(e) for _, _, e in out}
+        ref = specs.pop() if len(specs) == 1 else self._expected_spec(server_round - 1, out[0][0])
         for k, _, e in out:
             if _spec(e) != ref:
                 raise _refuse(server_round, f"client {k}", f"has entries {_spec(e)}, the others {ref}")
@@ -244,6 +247,30 @@ class MethodStrategy(Strategy):
                 raise _refuse(server_round, f"client {out[0][0]}", f"has {key!r} of dtype {a.dtype} and shape "
                               f"{a.shape}, not θ's {want} ({width},)")
         return out
+
+    def _expected_spec(self, r: int, k: int) -> tuple:
+        """The entries a reply of this method must carry (names, dtypes, shapes), from the method itself: the
+        client code path (`client_round` + `uplink`, as the ClientApp runs it) for client k with fresh state.
+        Only computed when replies disagree, so the odd ones out are named, never the honest majority's peer."""
+        dev, method = self.s.fed.device, self.s.method
+        cstate = ClientStore(method.client_state(self.s.theta0, self.s.round.groups), 1, dev).gather([0], dev)
+        entries, cstate, _, _ = client_round(self.s.round, r, np.array([k]), self.down, cstate)
+        msgs, _ = uplink(self.s.round, r, Messages(entries, np.array([k])), cstate, torch.zeros(1, dtype=torch.bool),
+                         None, self.down["theta"], self.down)
+        return _spec({n: np.asarray(_to_array(t[0]).numpy()) for n, t in msgs.tensors.items()})
+
+    def _finite_losses(self, r: int, good: list) -> list:
+        """Replies whose train-loss is finite in float32 (where the round's loss is kept); a NaN, inf or 1e308
+        raises naming the client and the field, or with on_nonfinite='drop' drops that reply, as for updates."""
+        limit = float(torch.finfo(torch.float32).max)
+        bad = [(k, m["train-loss"]) for k, m, _ in good if not abs(float(m["train-loss"])) <= limit]  # NaN fails
+        if bad and self.s.cfg.on_nonfinite == "raise":
+            raise _refuse(r, ", ".join(f"client {k}" for k, _ in bad), f"has train-loss {bad[0][1]!r}, not a finite "
+                          "float32; pass on_nonfinite='drop' to drop such replies")
+        if bad:
+            log.warning("round %d: dropped the replies of clients %s: train-loss not a finite float32", r,
+                        [k for k, _ in bad])
+        return [g for g in good if g[0] not in {k for k, _ in bad}]
 
     def _reply(self, r: int, m) -> tuple[int, dict, dict]:
         node, owner = m.metadata.src_node_id, {n: k for k, n in self.nodes.items()}

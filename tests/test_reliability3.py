@@ -409,7 +409,7 @@ def test_secagg_server_refuses_misaddressed_shares_and_unmasking_records():
     roster = server.collect_keys({u: c.advertise_keys() for u, c in clients.items()})
     shares = {u: c.share_keys(roster) for u, c in clients.items()}
     with pytest.raises(S.SecAggAbort, match=r"client 2 addresses shares to \[0\], not once to each other user"):
-        server.collect_shares({**shares, 2: shares[2][:len(shares[2]) // 2]})
+        server.collect_shares({**shares, 2: shares[2][:S.COMMIT_BYTES + (len(shares[2]) - S.COMMIT_BYTES) // 2]})
     inbox = server.collect_shares(shares)
     server.collect_masked({u: c.masked_input(inbox[u]) for u, c in clients.items()})
     survivors = b"".join(u.to_bytes(4, "little") for u in range(3))

@@ -110,7 +110,7 @@ def test_bytes_are_the_encoded_messages():
     res = S.run_protocol(_inputs(n, m), 4, dropouts=[5])
     u = 0
     assert res.sent[u]["advertise_keys"] == 64                          # two raw X25519 public keys
-    assert res.sent[u]["share_keys"] == (n - 1) * (4 + 12 + 8 + 32 + 16 + 16)  # id, nonce, AES-GCM(ids‖shares)+tag
+    assert res.sent[u]["share_keys"] == 32 + (n - 1) * (4 + 12 + 8 + 32 + 16 + 16)  # H(b_u); id, nonce, AES-GCM(ids‖shares)+tag
     assert res.sent[u]["masked_input"] == m * 4                         # uint32 per element at bits=32
     assert res.sent[u]["unmasking"] == 5 * (4 + 1 + 16) + (4 + 1 + 32)  # 5 b-shares (self included), 1 s^SK share
     assert res.received[u]["share_keys"] == n * (4 + 64)                # the roster

@@ -1,9 +1,11 @@
 """`History`: one row per round, a pandas DataFrame that saves and loads."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -68,8 +70,11 @@ class History(pd.DataFrame):
         """CSV of the rows plus a `.json` beside it holding `meta`."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(self).to_csv(path, index=False)
-        path.with_suffix(".json").write_text(json.dumps(getattr(self, "meta", {}), indent=1, default=str))
+        meta = json.dumps(getattr(self, "meta", {}), indent=1, default=str)
+        for target in (path, path.with_suffix(".json")):  # refuse a link at either before writing anything
+            _refuse_link(target)
+        _write_atomic(path, pd.DataFrame(self).to_csv(index=False))
+        _write_atomic(path.with_suffix(".json"), meta)
         return path
 
     @classmethod
@@ -79,6 +84,28 @@ class History(pd.DataFrame):
         meta_file = path.with_suffix(".json")
         h.meta = _read_meta(meta_file) if meta_file.exists() else {}
         return h
+
+
+def _refuse_link(path: Path) -> None:
+    if path.is_symlink():
+        raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)}); History.save does not write through "
+                         "links: remove it or save to another path")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then os.replace it: a symbolic or hard link at `path` is
+    replaced, never written through (core's twin of repro.files.write_atomic; the layers keep them apart)."""
+    _refuse_link(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a saved History is an ordinary user file
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 MAX_META_BYTES = 16 << 20  # History.save writes a few kB of run settings

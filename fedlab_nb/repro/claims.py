@@ -301,6 +301,14 @@ def _can_fail(c: _Checker, expectation: Expectation | None, where: str, span: tu
                "number moved to the file's 'report:' list (shown without a verdict)")
 
 
+def _not_self_referential(c: _Checker, expectation: Expectation | None, where: str, metric: str) -> None:
+    """Refuse an expectation whose bound names the claim's own metric ('<= value' on metric value): it cannot fail."""
+    if expectation is not None and metric in expectation.names:
+        c.fail(where, f"is {expectation.text!r}, whose bound names the claim's own metric {metric!r} (it compares the "
+               "metric with itself, so it cannot fail)", "a bound in numbers or other metrics, e.g. '<= 10' or "
+               "'<= baseline_value'")
+
+
 def _role_fields(c: _Checker, entry: dict, where: str, seeds: int | None) -> tuple[str, str | None, dict | None]:
     """(role, paper_note, setting): a check is single-run; a headline carries the paper's number and setting."""
     role = c.value(entry, "role", f"{where}.role", (str,), " | ".join(ROLES))
@@ -531,8 +539,9 @@ def load_claims(path: Path | str) -> Paper:
         span = _range(c, entry, where, metric)
         expect = c.expectation(entry["expect"], f"{where}.expect")
         partial = None if entry.get("partial") is None else c.expectation(entry["partial"], f"{where}.partial")
-        _can_fail(c, expect, f"{where}.expect", span)
-        _can_fail(c, partial, f"{where}.partial", span)
+        for field_name, e in (("expect", expect), ("partial", partial)):
+            _can_fail(c, e, f"{where}.{field_name}", span)
+            _not_self_referential(c, e, f"{where}.{field_name}", metric)
         claims.append(Claim(
             id=cid,
             text=c.value(entry, "text", f"{where}.text", (str,), "one sentence"),

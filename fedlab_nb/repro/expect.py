@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+import sys
 from dataclasses import dataclass, field
 
 _TOKEN = re.compile(r"""\s*(?:
@@ -167,7 +168,15 @@ def metric_value(metrics: dict, name: str):
     value = metrics[name]
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         raise MetricError(f"metric {name} is NaN or infinite")
+    if huge_int(value):
+        raise MetricError(f"metric {name} is an integer of {value.bit_length()} bits, too large for a float (over "
+                          "1.8e308); record it as a float or a smaller unit")
     return value
+
+
+def huge_int(value) -> bool:
+    """An int (record() keeps Python ints as they are) beyond float range: arithmetic with floats overflows."""
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max
 
 
 @dataclass(frozen=True)
@@ -182,6 +191,8 @@ class Expectation:
     def holds(self, value, metrics: dict) -> bool:
         if value is None or (isinstance(value, float) and not math.isfinite(value)):
             raise MetricError("value is NaN or infinite")
+        if huge_int(value):
+            raise MetricError(f"value is an integer of {value.bit_length()} bits, too large for a float (over 1.8e308)")
         try:
             if self.kind in _COMPARE:
                 return bool(_COMPARE[self.kind](value, _value(self.args[0], metrics)))
@@ -194,7 +205,7 @@ class Expectation:
             if isinstance(bound, float) and not math.isfinite(bound):
                 raise MetricError(f"the tolerance of {self.text!r} overflows to {bound}")
             return bool(abs(value - x) <= bound)
-        except TypeError as e:  # e.g. a string metric compared with '<'
+        except (TypeError, OverflowError) as e:  # a string metric compared with '<'; int arithmetic past 1.8e308
             raise MetricError(f"cannot evaluate {self.text!r} for value {value!r}: {e}") from None
 
 

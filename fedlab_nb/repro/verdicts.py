@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .expect import Expectation, MetricError, _value
+from .expect import Expectation, MetricError, _value, huge_int
 
 REPRODUCED = "reproduced"
 PARTIAL = "partially reproduced"
@@ -100,9 +100,10 @@ def seed_values(metrics: dict, name: str, n: int) -> np.ndarray:
     if len(value) != n:
         raise MetricError(f"metric {name} has {len(value)} per-seed values; the claim says seeds: {n}")
     bad = [i for i, v in enumerate(value) if v is None or isinstance(v, bool) or not isinstance(v, (int, float))
-           or not math.isfinite(v)]
+           or huge_int(v) or not math.isfinite(v)]
     if bad:
-        raise MetricError(f"metric {name} is NaN, infinite or not a number at seed index {bad[0]}")
+        raise MetricError(f"metric {name} is NaN, infinite, an integer too large for a float or not a number at "
+                          f"seed index {bad[0]}")
     return np.asarray(value, dtype=float)
 
 
@@ -118,6 +119,8 @@ def _operands(expect: Expectation, metrics: dict, n: int) -> dict:
                               else f"metric {name} is NaN or infinite")
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             raise MetricError(f"metric {name} is {value!r}; a seeded claim compares numbers")
+        elif huge_int(value):
+            raise MetricError(f"metric {name} is an integer of {value.bit_length()} bits, too large for a float")
         else:
             out[name] = float(value)
     return out

@@ -20,10 +20,17 @@ ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("poisson", "fixed")
 # ε decreases in z and is already 0.0 at z = 1e6; above this dp_accounting's RDP arithmetic overflows
 _Z_CAP = 1e100
+# below this, dp_accounting's RDP arithmetic (alpha / (2 z**2)) overflows or divides by zero (z ~ 1e-154 gives 0.0,
+# 1e-200 a ZeroDivisionError): z < _Z_FLOOR is treated like z = 0, no privacy (ε = inf); ε(1e-100) ~ 5e200 already
+_Z_FLOOR = 1e-100
 # PLD discretises the privacy loss, whose range for one Gaussian round is ~ 2·sqrt(2·50)/z wide (tails cut at
 # e^-50), into buckets of 1e-4: z = 0.2 is ~1e6 buckets per round (seconds); z = 1e-3 would need tens of GiB
 _PLD_MIN_Z = 0.2
 _PLD_MAX_STEPS = 10**7
+# PLD's work is an FFT over the composed privacy loss's buckets (16-byte complex, a few arrays at once): 3e7
+# buckets is ~2 GB and tens of seconds (q=0.1, z=1, 1e6 steps); (q=0.1, z=0.2, 1e6 steps) would be ~6e8, 15+ GiB
+_PLD_MAX_BUCKETS = 3e7
+_PLD_BUCKET = 1e-4          # dp_accounting's PLDAccountant value_discretization_interval
 
 
 def _number(name: str, value) -> None:
@@ -76,6 +83,31 @@ def _check_pld_noise(noise_multiplier: float) -> None:
                          "minutes per call); use accountant='rdp' (a valid upper bound on ε)")
 
 
+def _pld_buckets(q: float, z: float, steps: int) -> float:
+    """Estimate of the buckets PLDAccountant needs (within ~25 %): q = 1 is one Gaussian of std z/sqrt(steps), loss
+    range ~ 20/std; q < 1 is the one-round loss range plus the Chernoff width 2·8.4·sqrt(steps·Var[loss]) of the
+    `steps`-fold composition (tail mass 1e-15), Var from a quadrature of the one-round loss (remove and add)."""
+    import numpy as np
+    if q >= 1:
+        return 20 * math.sqrt(steps) / (z * _PLD_BUCKET)
+    x = np.linspace(-10 * z, 1 + 10 * z, 20001)
+    loss = np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * z * z))
+    p0, p1 = np.exp(-x * x / (2 * z * z)), np.exp(-(x - 1) ** 2 / (2 * z * z))
+    var = 0.0
+    for w in ((1 - q) * p0 + q * p1, p0):
+        w = w / w.sum()
+        var = max(var, float((w * (loss - (w * loss).sum()) ** 2).sum()))
+    return float(loss.max() - loss.min()) / _PLD_BUCKET + 2 * 8.4 * math.sqrt(steps * var) / _PLD_BUCKET
+
+
+def _check_pld_work(q: float, noise_multiplier: float, steps: int) -> None:
+    buckets = _pld_buckets(q, noise_multiplier, steps)
+    if buckets > _PLD_MAX_BUCKETS:
+        raise ValueError(f"the PLD accountant needs about {buckets:.1e} buckets (~{buckets * 64 / 2**30:.0f} GiB) for "
+                         f"q={q!r}, noise_multiplier={noise_multiplier!r}, steps={steps} (at most {_PLD_MAX_BUCKETS:.0e}); "
+                         "use accountant='rdp' (a valid upper bound on ε), fewer steps or more noise")
+
+
 def dp_event(q: float, noise_multiplier: float, steps: int, sampling: str = "poisson"):
     """The `dp_accounting` event of `steps` compositions of the q-sampled Gaussian mechanism (noise z·S)."""
     import dp_accounting as dpa
@@ -93,10 +125,11 @@ def epsilon(q: float, noise_multiplier: float, steps: int, delta: float, account
     q, noise_multiplier, steps, delta = float(q), float(noise_multiplier), int(steps), float(delta)
     if steps == 0:
         return 0.0
-    if noise_multiplier == 0:
+    if noise_multiplier < _Z_FLOOR:  # z = 0 (no noise) or too little for the accountant's arithmetic: no privacy
         return math.inf
     if accountant == "pld":
         _check_pld_noise(noise_multiplier)
+        _check_pld_work(q, min(noise_multiplier, _Z_CAP), steps)
     noise_multiplier = min(noise_multiplier, _Z_CAP)  # ε(z) <= ε(1e100) = 0: an upper bound, no overflow
     acc = _accountant_for(accountant, sampling)
     with _quiet_absl():
@@ -119,6 +152,8 @@ def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float,
         raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r} (ε = inf needs no "
                          "noise: noise_multiplier=0)")
     bracket = dpa.LowerEndpointAndGuess(1e-3, 1.0)
+    if accountant == "rdp" and epsilon(q, 1e-3, steps, delta, "rdp", sampling) <= target_epsilon:
+        return _tiny_noise_for_epsilon(target_epsilon, q, steps, delta, sampling)
     if accountant == "pld":
         upper = noise_for_epsilon(target_epsilon, q, steps, delta, "rdp", sampling)
         if upper < _PLD_MIN_Z:
@@ -135,6 +170,19 @@ def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float,
         return float(dpa.calibrate_dp_mechanism(lambda: _accountant_for(accountant, sampling),
                                                 lambda z: dp_event(q, z, steps, sampling),
                                                 target_epsilon, delta, bracket))
+
+
+def _tiny_noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float, sampling: str) -> float:
+    """noise_for_epsilon for a target met by z <= 1e-3: RDP bisection on log10(z) in [log10(_Z_FLOOR), -3]."""
+    import dp_accounting as dpa
+    if epsilon(q, _Z_FLOOR, steps, delta, "rdp", sampling) <= target_epsilon:
+        raise ValueError(f"target_epsilon={target_epsilon!r} is met by a noise_multiplier below {_Z_FLOOR:g}, which "
+                         "is no privacy; use noise_multiplier=0 (no noise) or a smaller target_epsilon")
+    with _quiet_absl():
+        log_z = dpa.calibrate_dp_mechanism(lambda: _accountant_for("rdp", sampling),
+                                           lambda x: dp_event(q, 10.0 ** x, steps, sampling), target_epsilon, delta,
+                                           dpa.ExplicitBracketInterval(math.log10(_Z_FLOOR), -3.0), tol=1e-9)
+    return float(10.0 ** log_z)
 
 
 def _accountant_for(accountant: str, sampling: str):

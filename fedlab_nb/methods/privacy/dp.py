@@ -76,6 +76,14 @@ def check_noise(value) -> float:
     return float(value)
 
 
+def check_noise_fits(std: float, dtype: torch.dtype, what: str) -> None:
+    """Refuse a Gaussian noise std whose draws (up to ~10 σ) overflow `dtype`: the release would be inf, silently."""
+    limit = torch.finfo(dtype).max / 10 if dtype.is_floating_point else math.inf
+    if not std <= limit:
+        raise ValueError(f"the noise std {what} = {std:.3g} overflows the model's {dtype} (at most {limit:.3g}); "
+                         "lower noise_multiplier or clip_norm, or raise sampling_rate")
+
+
 def _is_number(value) -> bool:
     """A real number, Python's or numpy's (np.float32, np.int64), but not a bool or a string."""
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
@@ -230,8 +238,15 @@ class DPAggregate:
             if abs(m - round(m)) > 1e-6 or round(m) < 1:
                 raise ValueError(f"sampling='fixed' needs q·K to be a whole number of clients, got q={self.sampling_rate}"
                                  f" and K={num_clients} (qK={m:g}); use q = m/K")
-        return {"clip": float(self.clip_norm), "rounds": 0, "K": int(num_clients), "W": W,
-                "seen_rounds": 0, "seen_clients": 0, "seen_min": 10**9, "seen_max": 0}
+        state = {"clip": float(self.clip_norm), "rounds": 0, "K": int(num_clients), "W": W,
+                 "seen_rounds": 0, "seen_clients": 0, "seen_min": 10**9, "seen_max": 0}
+        check_noise_fits(self.noise_std(state), theta.dtype, self._std_formula)  # fail before round 1, not inf θ
+        return state
+
+    @property
+    def _std_formula(self) -> str:
+        return ("noise_multiplier·clip_norm/(sampling_rate·W)" if self.estimator == "fixed"
+                else "2·noise_multiplier·clip_norm/(sampling_rate·W_min)")
 
     def broadcast(self, state: dict) -> dict:
         return {"clip_norm": torch.tensor(float(state["clip"]))} if self.adaptive else {}
@@ -269,6 +284,7 @@ class DPAggregate:
         denom = self.denominator(state, weights)
         agg = (weights.to(deltas.dtype) / denom) @ deltas
         std = self.noise_std(state)
+        check_noise_fits(std, agg.dtype, self._std_formula)  # the adaptive clip may have grown since init_state
         if std > 0:
             g = info.generator(CENTRAL_NOISE)
             agg = agg + std * torch.randn(agg.shape, generator=g, dtype=agg.dtype).to(agg.device)
@@ -396,6 +412,7 @@ class LocalGaussianNoise(Transform):
     def __call__(self, msgs, cstate, ctx):
         clipped, _ = clip_rows(msgs[self.key], self.clip_norm)
         if self.noise_multiplier > 0:
+            check_noise_fits(self.noise_multiplier * self.clip_norm, clipped.dtype, "noise_multiplier·clip_norm")
             noise = torch.randn(clipped.shape, generator=ctx.generator, dtype=clipped.dtype).to(clipped.device)
             clipped = clipped + self.noise_multiplier * self.clip_norm * noise
         msgs.tensors[self.key] = clipped

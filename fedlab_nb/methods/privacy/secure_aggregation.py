@@ -32,6 +32,7 @@ FedAvg-family method send n_k·q(Δ_k) and n_k inside the secure sum, so the ser
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import numbers
 import os
@@ -58,6 +59,7 @@ from ...utils import rng
 SECAGG = register_stream("secure_aggregation", 23)   # the simulated clients' private keys, seeds and nonces
 STAGES = ("advertise_keys", "share_keys", "masked_input", "unmasking")
 KEY_BYTES, SEED_BYTES, NONCE_BYTES, BLOCK = 32, 16, 12, 16
+COMMIT_BYTES = 32               # SHA-256 commitment to b_u, sent ahead of u's ShareKeys records
 _ID = struct.Struct("<I")       # a user id on the wire
 B_SHARE, S_SHARE = 0, 1         # kinds of unmasking shares
 _KIND = {B_SHARE: "b", S_SHARE: "s^SK"}
@@ -185,6 +187,12 @@ def _pair(u: int, v: int) -> bytes:
     return _ID.pack(u) + _ID.pack(v)
 
 
+def commit_b(u: int, b: bytes) -> bytes:
+    """H(u ‖ b_u): user u's commitment to its self-mask seed (128 random bits: hiding), sent in ShareKeys so the
+    server can check the b_u it rebuilds in Unmasking even from exactly t shares (binding)."""
+    return hashlib.sha256(b"secagg b_u " + _ID.pack(u) + b).digest()
+
+
 # --- parties -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SecAggParams:
@@ -219,7 +227,7 @@ class SecAggClient:
         return self._c_sk.public_key().public_bytes_raw() + self._s_sk.public_key().public_bytes_raw()
 
     def share_keys(self, roster: bytes) -> bytes:
-        """Round 1: shares of s_u^SK and b_u for every user of U1, each encrypted for its holder."""
+        """Round 1: H(u ‖ b_u), then shares of s_u^SK and b_u for every user of U1, each encrypted for its holder."""
         recs = _records(f"client {self.uid}", "the server (the roster)", roster, 2 * KEY_BYTES)
         self._keys = {v: (k[:KEY_BYTES], k[KEY_BYTES:]) for v, k in recs}
         t, users = self.params.threshold, sorted(self._keys)
@@ -234,7 +242,7 @@ class SecAggClient:
         s_sk = self._s_sk.private_bytes_raw()
         s_shares, b_shares = split_secret(s_sk, t, len(users)), split_secret(self._b, t, len(users))
         self._own_b_share = b_shares[self._index[self.uid] - 1]
-        out = []
+        out = [commit_b(self.uid, self._b)]
         for v in users:
             if v == self.uid:
                 continue
@@ -312,6 +320,7 @@ class SecAggServer:
         self.public_keys: dict[int, bytes] = {}          # u → c_u^PK ‖ s_u^PK
         self.ciphertexts: dict[tuple[int, int], bytes] = {}   # (from u, to v) → nonce ‖ AES-GCM ciphertext
         self.masked: dict[int, np.ndarray] = {}          # u → y_u
+        self.b_commitments: dict[int, bytes] = {}        # u → H(u ‖ b_u), from ShareKeys
         self.u1 = self.u2 = self.u3 = self.u5 = ()
         self.sum: np.ndarray | None = None
         self.seconds = 0.0
@@ -358,10 +367,12 @@ class SecAggServer:
         """Store each e_{u,v}; return each v ∈ U2 its inbox {e_{u,v} : u ∈ U2 \\ v}."""
         msgs = self._checked("ShareKeys", msgs, set(self.u1))
         self.u2 = self._require("ShareKeys", msgs)
-        self.ciphertexts = {(u, v): blob for u in self.u2 for v, blob in self._shares_of(u, msgs[u])}
+        self.ciphertexts = {(u, v): blob for u in self.u2 for v, blob in self._shares_of(u, msgs[u][COMMIT_BYTES:])}
+        self.b_commitments = {u: msgs[u][:COMMIT_BYTES] for u in self.u2}
         return {v: b"".join(_ID.pack(u) + self.ciphertexts[u, v] for u in self.u2 if u != v) for v in self.u2}
 
     def _shares_of(self, u: int, msg: bytes) -> list:
+        """u's (holder, ciphertext) records; `msg` is u's ShareKeys message after its COMMIT_BYTES commitment."""
         recs = _records("ShareKeys", f"client {u}", msg, NONCE_BYTES + _SHARE_CT)
         if sorted(v for v, _ in recs) != [v for v in self.u1 if v != u]:
             raise _abort("ShareKeys", f"client {u}", f"addresses shares to {sorted(v for v, _ in recs)}, not once to "
@@ -427,21 +438,24 @@ class SecAggServer:
 
     def _rebuild(self, shares: dict, v: int, kind: int, t: int, holders: dict) -> bytes:
         """User v's b (kind B_SHARE) or s^SK from the first t shares, checked: with a (t+1)-th share the other
-        t-subset must give the same secret, and a rebuilt s^SK must give v's advertised s^PK; else abort
-        naming the clients whose shares were used (one of them sent a corrupted or replayed share)."""
+        t-subset must give the same secret, a rebuilt b must match v's ShareKeys commitment H(v ‖ b_v) and a
+        rebuilt s^SK must give v's advertised s^PK; else abort naming the clients whose shares were used (one of
+        them sent a corrupted or replayed share)."""
         got = shares.get((v, kind), [])
         if len(got) < t:
             raise SecAggAbort(f"Unmasking: {len(got)} shares of user {v}'s {_KIND[kind]}, "
                               f"fewer than the threshold t={t}")
         secret = combine_secret(got[:t])
         bad = len(got) > t and combine_secret(got[1:t + 1]) != secret
+        if not bad and kind == B_SHARE:
+            bad = commit_b(v, secret) != self.b_commitments.get(v)
         if not bad and kind == S_SHARE:
             public = X25519PrivateKey.from_private_bytes(secret).public_key().public_bytes_raw()
             bad = public != self.public_keys[v][KEY_BYTES:]
         if bad:
             used = " and ".join(f"client {holders[i]}" for i, _ in got[:t + 1])
             raise SecAggAbort(f"Unmasking: user {v}'s {_KIND[kind]} rebuilt from the shares sent by {used} does not "
-                              f"check (inconsistent shares{' or not its advertised s^PK' if kind == S_SHARE else ''}): "
+                              f"check (inconsistent shares, or not its {'advertised s^PK' if kind == S_SHARE else 'ShareKeys commitment H(b)'}): "
                               f"one of them sent a corrupted or replayed share; {_FIX}")
         return secret
 
