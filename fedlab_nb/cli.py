@@ -454,7 +454,7 @@ def cmd_lab(args) -> int:
     try:
         import jupyterlab  # noqa: F401
     except ImportError:
-        raise UsageError("JupyterLab is not installed: bash scripts/setup.sh dev,flower,notebooks,browser "
+        raise UsageError("JupyterLab is not installed: bash scripts/setup.sh dev,flower,notebooks,browser,course "
                          "(or pip install -e '.[notebooks]')") from None
     os.execv(sys.executable, cmd)  # JupyterLab takes over this process (Ctrl-C stops it)
 
