@@ -98,7 +98,11 @@ def grade(autograder, submissions, gradebook, *, timeout: int = 600, root=None) 
     env = {**os.environ, EXERCISES_ENV: "strict", ROOT_ENV: str(Path(root or default_root()).absolute()),
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "MPLBACKEND": "Agg",
            # nbgrader runs `alembic` (its database migrations) from PATH: this Python's bin/ first
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+           # the kernels import this fedlab_nb (the grading runs in a temporary folder: a relative path would miss)
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                          *(str(Path(e).absolute()) for e in os.environ.get("PYTHONPATH", "").split(
+                                              os.pathsep) if e)])}
     with tempfile.TemporaryDirectory(prefix="fedlab_nb_grading_") as tmp:
         course = Path(tmp)
         (course / "source" / name).mkdir(parents=True)
