@@ -73,8 +73,14 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--scale", default="smoke", help="a scale of the claims file (default: smoke)")
         p.add_argument("--device", type=_device, help="override the notebook's device parameter (cpu, cuda, auto)")
     command("report", "results/REPORT.md and results/index.html from all results")
-    lab = command("lab", "JupyterLab on a copy of the notebooks in results/lab/ (running cells never changes the tracked files)")
-    lab.add_argument("--fresh", action="store_true", help="replace the copies with the repository's notebooks")
+    lab = command("lab", "JupyterLab on a copy of the notebooks in results/lab/ (running cells never changes the tracked "
+                  "files); --student: the course view, the student versions in results/lab/student/")
+    lab.add_argument("--student", action="store_true",
+                     help="the course view for students: open results/lab/student/, the student version of every "
+                          "notebook (solutions replaced by stubs; the check cells print PASS / TRY AGAIN); without it "
+                          "the instructor copies, solutions included")
+    lab.add_argument("--fresh", action="store_true", help="replace the copies with the repository's notebooks "
+                     "(with --student: fresh student versions; a student's answers there are lost)")
     lab.add_argument("--dry-run", action="store_true", help="copy, print the command, do not start JupyterLab")
     lab.add_argument("--port", type=_port, help="JupyterLab's port (default: its own, 8888 or the next free one)")
     lab.add_argument("--ip", help="the address JupyterLab listens on (e.g. 0.0.0.0 in a container)")
@@ -445,10 +451,16 @@ MAX_NOTEBOOK_BYTES = 512 << 20   # lab copies notebooks/*.ipynb: a regular file 
 
 def cmd_lab(args) -> int:
     """Copy notebooks/*.ipynb into results/lab/ (keeping copies a user already changed, unless --fresh) and
-    start JupyterLab there: the executed cells and their outputs stay out of the tracked notebooks."""
+    start JupyterLab there: the executed cells and their outputs stay out of the tracked notebooks. With
+    --student, the student versions (fedlab_nb.repro.course.student_notebook) go to results/lab/student/ and
+    JupyterLab opens that folder: the course view, where a student sees no solution."""
+    import nbformat
+    from fedlab_nb.repro.course import student_notebook
     from fedlab_nb.repro.files import UnsafePathError, make_folder, read_regular, refuse_link, write_atomic
     root = _root(args)
     target = make_folder(_results(args, root, write=True) / "lab")
+    if args.student:
+        target = make_folder(target / "student")
     copied = 0
     for nb in sorted((root / "notebooks").glob("*.ipynb")):
         if not nb.resolve().is_relative_to(root.resolve()):  # as runner.notebook_path: nothing from outside
@@ -456,17 +468,22 @@ def cmd_lab(args) -> int:
                                   "remove it or copy the notebook into notebooks/")
         dest = refuse_link(target / nb.name)  # a symbolic link there is refused, a hard one replaced (write_atomic)
         if args.fresh or not dest.exists():
-            write_atomic(dest, read_regular(nb, MAX_NOTEBOOK_BYTES))  # a FIFO or device is refused, not read
+            source = read_regular(nb, MAX_NOTEBOOK_BYTES)  # a FIFO or device is refused, not read
+            if args.student:
+                source = nbformat.writes(student_notebook(nbformat.reads(source.decode("utf-8"), as_version=4)))
+            write_atomic(dest, source)
             copied += 1
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={target}", *_lab_options(args)]
-    print(f"{copied} notebooks copied to {target} (existing copies kept; --fresh replaces them)")
+    kind = "student versions" if args.student else "notebooks (instructor copies, solutions included)"
+    print(f"{copied} {kind} copied to {target} (existing copies kept; --fresh replaces them)"
+          + ("" if args.student else "; students: fedlab-nb lab --student opens the student versions"))
     if args.dry_run:
         print(" ".join(cmd))
         return 0
     try:
         import jupyterlab  # noqa: F401
     except ImportError:
-        raise UsageError("JupyterLab is not installed: bash scripts/setup.sh dev,flower,notebooks,browser "
+        raise UsageError("JupyterLab is not installed: bash scripts/setup.sh dev,flower,notebooks,browser,course "
                          "(or pip install -e '.[notebooks]')") from None
     os.execv(sys.executable, cmd)  # JupyterLab takes over this process (Ctrl-C stops it)
 

@@ -1,15 +1,18 @@
 #!/usr/bin/env python
-"""Write the course: docs/syllabus.md from the claims files, and a student and an instructor version of every
-notebook that has solution cells (code cells tagged `solution`).
+"""Write the course: docs/syllabus.md from the claims files, a student and an instructor version of every notebook,
+and the autograder's notebook (nbgrader) of every notebook with self-graded exercises.
 
-    .venv/bin/python scripts/make_course.py                 # docs/syllabus.md, results/course/{student,instructor}/
+    .venv/bin/python scripts/make_course.py                 # docs/syllabus.md, results/course/{student,instructor,autograder}/
     .venv/bin/python scripts/make_course.py --check         # exit 1 when docs/syllabus.md is out of date
 
 Student version (results/course/student/<nb>.ipynb): each solution cell's source becomes a stub that assigns
 `...` to every name the solution defined (functions keep their signature, body `...`), so "Run All" still reaches
 the end and each check cell prints "TRY AGAIN: ... no answer yet" instead of stopping at a NotImplementedError;
-markdown cells tagged `solution` are dropped. Instructor version (results/course/instructor/): an unchanged
-copy. notebooks/ is never modified. The logic lives in fedlab_nb/repro/course.py (write_course).
+markdown cells tagged `solution` are dropped; cells carry nbgrader's metadata (answer cells are solution cells,
+check cells autograded tests worth 1 point, the rest read-only). Instructor version (results/course/instructor/):
+an unchanged copy. Autograder (results/course/autograder/source/<nb>/<nb>.ipynb): the master with its solutions,
+marked the same way; scripts/grade.py grades a folder of submissions against it. notebooks/ is never modified.
+The logic lives in fedlab_nb/repro/course.py (write_course).
 """
 from __future__ import annotations
 
@@ -38,8 +41,10 @@ def main(argv=None) -> int:
         return 0
     written = write_course(args.root, args.out)
     print(f"wrote {written['syllabus']}")
-    for student, instructor in zip(written["student"], written["instructor"]):
-        print(f"wrote {student} (student) and {instructor} (instructor)")
+    out = written["student"][0].parents[1] if written["student"] else args.out
+    print(f"wrote {len(written['student'])} student notebooks to {out / 'student'}, the instructor copies to "
+          f"{out / 'instructor'} and {len(written['autograder'])} autograder notebooks (nbgrader's source/) to "
+          f"{out / 'autograder'}; grade with scripts/grade.py NOTEBOOK SUBMISSIONS/")
     return 0
 
 

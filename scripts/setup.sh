@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment in .venv. Idempotent: re-running is cheap.
-# Usage: bash scripts/setup.sh [extras]   e.g. bash scripts/setup.sh dev,flower,notebooks,browser
+# Usage: bash scripts/setup.sh [extras]   e.g. bash scripts/setup.sh dev,flower,notebooks,browser,course
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"

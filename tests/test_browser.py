@@ -1,7 +1,9 @@
 """JupyterLab and the board in a real browser: Debian's chromium driven by Playwright (never a downloaded
 browser). A copy of notebook 00 is opened in JupyterLab on 127.0.0.1 with a token, every cell is run through
 the Run menu, and the test checks the claims cell's verdict lines, the rendered figures, that the explorer
-redraws after a dropdown and a slider change, and that the page logged no JavaScript error. The board
+redraws after a dropdown and a slider change, and that the page logged no JavaScript error. In the course view
+(`fedlab-nb lab --student`) a student's notebook is run, an exercise answered wrong (TRY AGAIN) and then right
+(PASS). The board
 (`fedlab-nb report` on the fixture repository) is opened as a file. Screenshots: results/screenshots/."""
 from __future__ import annotations
 
@@ -49,6 +51,23 @@ def lab(tmp_path):
     pytest.importorskip("jupyterlab", reason="pip install -e '.[notebooks]' (JupyterLab)")
     folder = tmp_path / "notebooks"
     shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    yield from _serve(folder, tmp_path)
+
+
+@pytest.fixture
+def student_lab(tmp_path):
+    """The course view: `fedlab-nb lab --student` (dry run) writes the student versions, JupyterLab serves them
+    in a student's kernel (exercises lenient: TRY AGAIN prints)."""
+    _need_browser()
+    pytest.importorskip("jupyterlab", reason="pip install -e '.[notebooks]' (JupyterLab)")
+    from fedlab_nb.cli import main
+    results = tmp_path / "results"
+    assert main(["--root", str(ROOT), "--results", str(results), "lab", "--student", "--dry-run"]) == 0
+    yield from _serve(results / "lab" / "student", tmp_path,
+                      {"FEDLAB_NB_ROOT": str(ROOT), "FEDLAB_NB_EXERCISES": "lenient"})
+
+
+def _serve(folder: Path, tmp_path: Path, extra_env: dict | None = None):
     port, token = _free_port(), secrets.token_hex(16)
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            f"--ServerApp.token={token}", f"--ServerApp.root_dir={folder}", "--LabApp.news_url=None",
@@ -62,8 +81,9 @@ def lab(tmp_path):
     (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
     cmd.append(f"--LabApp.user_settings_dir={tmp_path / 'lab_settings'}")
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter_config"), "OMP_NUM_THREADS": "1",
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter_runtime")}
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter_runtime"), **(extra_env or {})}
     env.pop("MPLBACKEND", None)  # scripts/test.sh sets Agg, which would keep the kernel from showing figures inline
+    env.pop("FEDLAB_NB_RUN_DIR", None)  # a user's kernel, not the harness'
     log = open(tmp_path / "lab.log", "w")
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder)
     url = f"http://127.0.0.1:{port}"
@@ -276,6 +296,73 @@ def _wait_for_new_plot(page, before: list[str], timeout_s: float) -> list[str]:
             return now
         time.sleep(0.5)
     pytest.fail("the explorer's plot did not change after the control changed")
+
+
+STUDENT_NOTEBOOK = "partitions.ipynb"   # lesson 1: two self-graded exercises, about 30 s at smoke scale
+
+
+def _check_output(page, check, expect: str, timeout_s: float = 90) -> str:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        text = check.locator(".jp-OutputArea").inner_text()
+        if expect in text:
+            return text
+        time.sleep(0.5)
+    pytest.fail(f"the check cell did not print {expect!r} in {timeout_s:.0f} s; it shows: {text[:500]}")
+
+
+def _answer(page, stub, source: str):
+    """Type an answer into the stub cell (replacing it) and run it and the check cell after it."""
+    stub.locator(".cm-content").click()
+    page.keyboard.press("Control+a")
+    page.keyboard.insert_text(source)      # as pasted: no auto-closed brackets, no auto-indent
+    page.keyboard.press("Shift+Enter")     # runs the answer, selects the check cell
+    page.keyboard.press("Shift+Enter")     # runs the check
+
+
+def test_student_answers_an_exercise_in_the_course_view(student_lab):
+    """A student's notebook (the course view's student version): Run All says 'no answer yet', a wrong answer
+    says TRY AGAIN with how far off it is, the right answer says PASS. Screenshots of each step."""
+    import nbformat
+    from playwright.sync_api import sync_playwright
+    from fedlab_nb.repro import course
+    url, token = student_lab
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    master = nbformat.read(ROOT / "notebooks" / STUDENT_NOTEBOOK, as_version=4)
+    solution = next(c.source for c in master.cells if course.is_solution(c) and "emd_by_hand" in c.source)
+    errors = []
+    with sync_playwright() as p:
+        browser = _launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        kernel_id = _start_session(url, token, STUDENT_NOTEBOOK)
+        page.goto(f"{url}/lab/tree/{STUDENT_NOTEBOOK}?token={token}")
+        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
+        _wait_for_page_kernel(page, url, token, kernel_id)
+        _run_all_cells(page)
+        _wait_until_idle(page, 300)
+        cells = page.locator(".jp-Notebook .jp-CodeCell")
+        index = next(i for i in range(cells.count()) if "emd_by_hand = ..." in cells.nth(i).inner_text())
+        stub, check = cells.nth(index), cells.nth(index + 1)
+        assert "YOUR CODE HERE" in stub.inner_text() and solution not in page.inner_text(".jp-Notebook")
+        _check_output(page, check, "no answer yet")
+        stub.scroll_into_view_if_needed()
+        page.screenshot(path=str(SHOTS / "student_1_no_answer.png"))
+
+        _answer(page, stub, "emd_by_hand = 0.5   # a guess")
+        text = _check_output(page, check, "got 0.5")
+        assert text.startswith("TRY AGAIN:") and "Hint:" in text
+        page.screenshot(path=str(SHOTS / "student_2_try_again.png"))
+
+        _answer(page, stub, solution)
+        text = _check_output(page, check, "PASS")
+        assert text.startswith("PASS: your answer within 1e-9 of library"), text
+        check.scroll_into_view_if_needed()
+        page.screenshot(path=str(SHOTS / "student_3_pass.png"))
+        browser.close()
+    serious = [e for e in errors if "favicon" not in e]
+    assert not serious, f"JavaScript console errors: {serious[:5]}"
 
 
 def test_board_opens_in_the_browser(tmp_path):

@@ -338,3 +338,27 @@ def test_failed_run_prints_the_error_first(repo, capsys):
     notebook = Path(err[1].removeprefix("the executed notebook, with the traceback: "))
     assert notebook.is_file() and "asked to fail" in notebook.read_text()
     assert "executed notebook:" not in captured.out and "REPRODUCED" not in captured.out
+
+
+def test_lab_student_opens_the_student_versions(repo, capsys):
+    """The course view: `lab --student` writes the student versions to results/lab/student/ and opens that folder."""
+    import nbformat
+    root, args, results = repo
+    path = root / "notebooks" / "tiny.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells += [nbformat.v4.new_code_cell("answer = 42", metadata={"tags": ["solution"]}),
+                 nbformat.v4.new_code_cell("repro.check_exercise('== 42', answer)")]
+    nbformat.write(nb, path)
+    assert main(args + ["lab", "--student", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"--ServerApp.root_dir={results / 'lab' / 'student'}" in out and "student versions copied" in out
+    student = nbformat.read(results / "lab" / "student" / "tiny.ipynb", as_version=4)
+    assert "answer = 42" not in [c.source for c in student.cells]
+    assert student.cells[-2].source.endswith("answer = ...") and student.metadata["fedlab_nb_course"]["version"] == "student"
+    assert not (results / "lab" / "tiny.ipynb").exists()   # the instructor copies are not written
+
+
+def test_lab_help_names_the_course_view(capsys):
+    with pytest.raises(SystemExit):
+        main(["lab", "--help"])
+    assert "--student" in capsys.readouterr().out

@@ -183,7 +183,11 @@ def written(tmp_path_factory):
 
 def test_student_version_has_no_solution_left(written):
     out, result = written
-    assert sorted(p.name for p in result["student"]) == [p.name for p in notebooks_with_solutions()]
+    every = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert sorted(p.name for p in result["student"]) == every                  # all notebooks, with or without exercises
+    assert sorted(p.name for p in result["autograder"]) == [p.name for p in notebooks_with_solutions()]
+    for path in result["autograder"]:
+        assert path.parent.name == path.stem and path.parents[1].name == "source"   # nbgrader's source/<assignment>/
     for path in notebooks_with_solutions():
         teacher = nbformat.read(path, as_version=4)
         student = nbformat.read(out / "student" / path.name, as_version=4)
@@ -200,6 +204,21 @@ def test_student_version_has_no_solution_left(written):
         others = [c.source for c in teacher.cells if not course.is_solution(c)]
         assert others == [c.source for c in student.cells if course.STUB_TAG not in c.metadata.get("tags", [])]
         assert (out / "instructor" / path.name).read_bytes() == path.read_bytes()
+        pairs = course.exercise_cells(student)
+        marks = [c.metadata["nbgrader"] for c in student.cells]
+        assert [m["grade_id"] for m in marks if m["grade"]] == [f"exercise_{k}" for k in range(1, len(pairs) + 1)]
+        assert all(m["locked"] != m["solution"] for m in marks) and all(m.get("points", 1) == 1 for m in marks)
+
+
+def test_every_student_notebook_is_handed_out(written):
+    """A notebook without exercises still gets a student version (the same cells, read-only for nbgrader)."""
+    out, result = written
+    plain = [p for p in result["student"] if p.name not in {q.name for q in notebooks_with_solutions()}]
+    assert plain, "expected notebooks without self-graded exercises"
+    nb = nbformat.read(plain[0], as_version=4)
+    assert nb.metadata["fedlab_nb_course"] == {"version": "student"}
+    assert [c.source for c in nb.cells] == [c.source for c in nbformat.read(ROOT / "notebooks" / plain[0].name,
+                                                                            as_version=4).cells]
 
 
 def check_calls(source: str):
@@ -224,7 +243,7 @@ def test_wrong_answer_in_the_student_version_says_try_again(written, capsys):
             assert calls, f"{path.name}: the cell after a stub must call repro.check_exercise"
             for call in calls:
                 expectation = ast.literal_eval(call.args[0])
-                kwargs = {k.arg: 1e-9 for k in call.keywords if k.arg != "hint"}
+                kwargs = {k.arg: 1e-9 for k in call.keywords if k.arg not in ("hint", "seeds")}
                 assert isinstance(call.args[1], ast.Name) and call.args[1].id in names
                 ns = {}
                 exec(cell.source, ns)                    # the untouched stub: no answer yet

@@ -7,7 +7,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-SETUP_EXTRAS = ("dev", "flower", "notebooks", "browser")  # what the README's set-up installs
+SETUP_EXTRAS = ("dev", "flower", "notebooks", "browser", "course")  # what the README's set-up installs
 
 
 def _norm(req: str) -> str:

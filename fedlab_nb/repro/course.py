@@ -316,13 +316,19 @@ def _refs_text(expect, refs) -> str:
     return f" with {', '.join(shown)}" if shown else ""
 
 
-def check_exercise(expectation: str, value=None, *, hint: str | None = None, **named) -> bool:
+def check_exercise(expectation: str, value=None, *, hint: str | None = None, seeds: int | None = None,
+                   **named) -> bool:
     """Grade a student's number against an expectation of the claims grammar; prints one line and returns
-    True (PASS) or False (TRY AGAIN). `named` gives the names used in the expectation (`hint` is reserved:
-    an extra sentence shown on TRY AGAIN). A list / array of values is judged like a seeded claim."""
+    True (PASS) or False (TRY AGAIN). `named` gives the names used in the expectation (`hint` and `seeds` are
+    reserved: an extra sentence shown on TRY AGAIN; the number of seeds of a paired answer). A list / array of
+    values is judged like a seeded claim. With `seeds=N` the answer must be N values, one per seed (paired by
+    seed): a single number, such as a difference of means, is refused with TRY AGAIN."""
     if not isinstance(expectation, str):
         raise ExpectationError(f"check_exercise: the expectation must be a string such as '> 0.9', got "
                                f"{expectation!r}. An expectation is {GRAMMAR}")
+    if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 2):
+        raise ValueError(f"check_exercise: seeds= is the number of seeds of a paired answer, an int >= 2 "
+                         f"(e.g. seeds=len(acc)); got {seeds!r}")
     text, lhs = (expectation, None) if value is not None else _split_leading_name(expectation, named)
     if value is None and lhs is None:
         raise ValueError(f"check_exercise({expectation!r}) has no value to check: pass it second "
@@ -344,6 +350,10 @@ def check_exercise(expectation: str, value=None, *, hint: str | None = None, **n
         refs = {n: to_json_value(v, n) for n, v in named.items()}
     except (TypeError, ValueError) as e:
         raise ValueError(f"check_exercise: {e}") from None
+    if seeds is not None and not (isinstance(value, list) and len(value) == seeds):
+        got = f"{len(value)} values" if isinstance(value, list) else f"one number ({_fmt(value)})"
+        return _report(False, f"{label} {expect.text}", f"a paired answer is one value per seed, {seeds} values; "
+                       f"got {got}: compute the difference within each seed, not between means", hint)
     if isinstance(value, list):
         return _check_seeds(expect, label, value, refs, hint)
     try:
@@ -414,23 +424,79 @@ def _assigned_names(node) -> list[str]:
     return names
 
 
+def _calls_check_exercise(source: str) -> bool:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    return any(isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "check_exercise"
+               for n in ast.walk(tree))
+
+
+def exercise_cells(nb, name: str = "the notebook") -> list[tuple[int, int]]:
+    """(answer cell, check cell) indices of each self-graded exercise: a code cell tagged `solution` (in a
+    student version: `student-stub`) and the code cell right after it, which calls check_exercise. CourseError
+    when an answer cell has no check cell."""
+    pairs = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not (is_solution(cell) or STUB_TAG in cell.metadata.get("tags", [])):
+            continue
+        after = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
+        if after is None or after.cell_type != "code" or not _calls_check_exercise(after.source):
+            raise CourseError(f"{name}: the solution cell {i} is not followed by a check cell: put a code cell "
+                              "calling repro.check_exercise(...) right after it")
+        pairs.append((i, i + 1))
+    return pairs
+
+
+def _without_written_answers(nb):
+    """A copy without the markdown cells tagged `solution` (written-out answers: the instructor's only)."""
+    out = copy.deepcopy(nb)
+    out.cells = [c for c in out.cells if c.cell_type == "code" or not is_solution(c)]
+    return out
+
+
+def _mark_for_nbgrader(nb) -> None:
+    """nbgrader cell metadata (schema 3): each answer cell a solution cell, each check cell an autograded test
+    worth 1 point (read-only: the autograder puts its own copy back), every other cell read-only."""
+    pairs = exercise_cells(nb)
+    answers = {a: k for k, (a, _) in enumerate(pairs, 1)}
+    checks = {c: k for k, (_, c) in enumerate(pairs, 1)}
+    for i, cell in enumerate(nb.cells):
+        md = {"schema_version": 3, "solution": i in answers, "grade": i in checks, "locked": i not in answers}
+        if i in answers:
+            md["grade_id"] = f"exercise_{answers[i]}_answer"
+        elif i in checks:
+            md.update(grade_id=f"exercise_{checks[i]}", points=1)
+        else:
+            md["grade_id"] = f"cell_{i}"
+        cell.metadata["nbgrader"] = md
+
+
 def student_notebook(nb):
     """A copy of the notebook for students: solution code cells become stubs (outputs cleared), markdown cells
-    tagged `solution` are removed. The notebook passed in is not changed."""
-    out = copy.deepcopy(nb)
-    cells = []
+    tagged `solution` are removed, and the cells carry nbgrader's metadata (what the autograder grades).
+    The notebook passed in is not changed."""
+    out = _without_written_answers(nb)
+    _mark_for_nbgrader(out)
     for cell in out.cells:
-        if not is_solution(cell):
-            cells.append(cell)
-            continue
-        if cell.cell_type != "code":
-            continue                      # a written-out answer: the instructor's only
-        tags = [t for t in cell.metadata.get("tags", []) if t != SOLUTION_TAG] + [STUB_TAG]
-        cell.metadata["tags"] = tags
-        cell.source, cell.outputs, cell.execution_count = stub_source(cell.source), [], None
-        cells.append(cell)
-    out.cells = cells
+        if is_solution(cell):
+            tags = [t for t in cell.metadata.get("tags", []) if t != SOLUTION_TAG] + [STUB_TAG]
+            cell.metadata["tags"] = tags
+            cell.source, cell.outputs, cell.execution_count = stub_source(cell.source), [], None
     out.metadata["fedlab_nb_course"] = {"version": "student"}
+    return out
+
+
+def autograder_notebook(nb):
+    """The autograder's source notebook (nbgrader's source/<assignment>/): the master with its solutions, the
+    cells marked for nbgrader as in the student version, outputs cleared. The notebook passed in is not changed."""
+    out = _without_written_answers(nb)
+    _mark_for_nbgrader(out)
+    for cell in out.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    out.metadata["fedlab_nb_course"] = {"version": "autograder"}
     return out
 
 
@@ -528,31 +594,38 @@ def _paper_section(paper, nb) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- writing it all
 def write_course(root=None, out=None, syllabus=None) -> dict:
-    """Write the syllabus (default docs/syllabus.md) and, for every notebook with solution cells, the student
-    version (<out>/student/<nb>.ipynb) and an unchanged copy (<out>/instructor/<nb>.ipynb); out defaults to
-    results/course. notebooks/ is only read. Returns {'syllabus': path, 'student': [...], 'instructor': [...]}."""
+    """Write the syllabus (default docs/syllabus.md) and, for every notebook in notebooks/, the student version
+    (<out>/student/<nb>.ipynb), an unchanged copy (<out>/instructor/<nb>.ipynb) and, for a notebook with
+    self-graded exercises, the autograder's source (<out>/autograder/source/<stem>/<nb>.ipynb, nbgrader's
+    layout; scripts/grade.py grades submissions against it). out defaults to results/course; notebooks/ is only
+    read. Returns {'syllabus': path, 'student': [...], 'instructor': [...], 'autograder': [...]}."""
     import shutil
 
     import nbformat
     from .claims import default_root
+    from .files import make_folder
     root = Path(root or default_root())
     out = Path(out) if out else root / "results" / "course"
     syllabus = Path(syllabus) if syllabus else root / "docs" / "syllabus.md"
     syllabus.parent.mkdir(parents=True, exist_ok=True)
     syllabus.write_text(build_syllabus(root))
-    written = {"syllabus": syllabus, "student": [], "instructor": []}
+    written = {"syllabus": syllabus, "student": [], "instructor": [], "autograder": []}
+    for kind in ("student", "instructor"):
+        make_folder(out / kind)
     for path in sorted((root / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
-        if not any(is_solution(c) for c in nb.cells):
-            continue
-        for kind in ("student", "instructor"):
-            (out / kind).mkdir(parents=True, exist_ok=True)
+        exercise_cells(nb, str(path))             # an answer cell without its check cell is an error here
         nbformat.write(student_notebook(nb), out / "student" / path.name)
         shutil.copyfile(path, out / "instructor" / path.name)
         written["student"].append(out / "student" / path.name)
         written["instructor"].append(out / "instructor" / path.name)
+        if any(is_solution(c) for c in nb.cells):
+            target = make_folder(out / "autograder" / "source" / path.stem) / path.name
+            nbformat.write(autograder_notebook(nb), target)
+            written["autograder"].append(target)
     return written
 
 
 __all__ = ["check_exercise", "ExerciseFailed", "CourseError", "LESSONS", "Lesson", "lesson_of", "build_syllabus",
-           "student_notebook", "stub_source", "exercises_of", "write_course", "GRAMMAR"]
+           "student_notebook", "autograder_notebook", "exercise_cells", "stub_source", "exercises_of", "write_course",
+           "GRAMMAR"]
