@@ -577,6 +577,11 @@ def main(argv=None) -> int:
         print(f"fedlab-nb {args.command}: error: {printable(e)}", file=sys.stderr)
         return e.exit_code
     except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM):  # a folder or file this user may not read or write
+            where = printable(e.filename or _results(args, _root(args)))
+            print(f"fedlab-nb {args.command}: error: permission denied on {where}; give --results a folder you can "
+                  "read and write, or change its permissions", file=sys.stderr)
+            return 1
         if e.errno not in DISK_ERRORS:
             raise
         print(f"fedlab-nb {args.command}: error: {disk_error(e, args)}", file=sys.stderr)

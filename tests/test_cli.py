@@ -362,3 +362,19 @@ def test_lab_help_names_the_course_view(capsys):
     with pytest.raises(SystemExit):
         main(["lab", "--help"])
     assert "--student" in capsys.readouterr().out
+
+
+def test_permission_denied_is_one_line(tmp_path, monkeypatch, capsys):
+    """A folder the user may not read or write (seen as a non-root user; root reads anything, so it is simulated)
+    ends the command with one line naming the path and the fix, not a traceback."""
+    import errno
+
+    from fedlab_nb import cli
+
+    def denied(args):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "res"))
+
+    monkeypatch.setitem(cli.COMMANDS, "list", denied)
+    assert main(["--results", str(tmp_path / "res"), "list"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "permission denied on" in err and "res" in err and "--results" in err
