@@ -245,22 +245,29 @@ def _wait_until_idle(page, timeout_s: float, reruns: int = 2):
     pytest.fail(f"the notebook did not finish in {timeout_s:.0f} s; prompts: {prompts}")
 
 
+def _open_and_run_all(p, url, token, notebook, errors):
+    """Open `notebook` in JupyterLab in chromium (console errors collected into `errors`), run every cell and wait
+    until the kernel is idle: (browser, page)."""
+    browser = _launch(p)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    kernel_id = _start_session(url, token, notebook)
+    page.goto(f"{url}/lab/tree/{notebook}?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
+    _wait_for_page_kernel(page, url, token, kernel_id)
+    _run_all_cells(page)
+    _wait_until_idle(page, 300)
+    return browser, page
+
+
 def test_notebook_runs_in_jupyterlab_and_the_explorer_redraws(lab):
     from playwright.sync_api import sync_playwright
     url, token = lab
     SHOTS.mkdir(parents=True, exist_ok=True)
     errors = []
     with sync_playwright() as p:
-        browser = _launch(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        kernel_id = _start_session(url, token, NOTEBOOK)
-        page.goto(f"{url}/lab/tree/{NOTEBOOK}?token={token}")
-        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
-        _wait_for_page_kernel(page, url, token, kernel_id)
-        _run_all_cells(page)
-        _wait_until_idle(page, 300)
+        browser, page = _open_and_run_all(p, url, token, NOTEBOOK, errors)
         text = page.inner_text(".jp-Notebook")
         assert "REPRODUCED" in text, "the claims cell printed no REPRODUCED line"
         assert "Traceback (most recent call last)" not in text, "a cell raised in JupyterLab"
@@ -332,16 +339,7 @@ def test_student_answers_an_exercise_in_the_course_view(student_lab):
     solution = next(c.source for c in master.cells if course.is_solution(c) and "emd_by_hand" in c.source)
     errors = []
     with sync_playwright() as p:
-        browser = _launch(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        kernel_id = _start_session(url, token, STUDENT_NOTEBOOK)
-        page.goto(f"{url}/lab/tree/{STUDENT_NOTEBOOK}?token={token}")
-        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
-        _wait_for_page_kernel(page, url, token, kernel_id)
-        _run_all_cells(page)
-        _wait_until_idle(page, 300)
+        browser, page = _open_and_run_all(p, url, token, STUDENT_NOTEBOOK, errors)
         cells = page.locator(".jp-Notebook .jp-CodeCell")
         index = next(i for i in range(cells.count()) if "emd_by_hand = ..." in cells.nth(i).inner_text())
         stub, check = cells.nth(index), cells.nth(index + 1)

@@ -3,9 +3,7 @@ not cover. A failing test here is a finding; see the report in the commit messag
 import io
 import json
 import os
-import shutil
 import contextlib
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,24 +13,9 @@ import torch
 import fedlab_nb as fl
 from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg, dp_fedavg_with_sampler, local_dp_fedavg
 from fedlab_nb.methods.privacy.dp import dp_sampler
+from probes import KW, fed10, root_copy
 
-KW = dict(model="logreg", local_epochs=1, batch_size=8, lr=0.1, progress=False)
-TINY = Path(__file__).parent / "data" / "tinyroot"
 INF, NAN = float("inf"), float("nan")
-
-
-@pytest.fixture(scope="module")
-def fed10():
-    return fl.federate("digits", "iid", n_clients=10, seed=0)
-
-
-def root_copy(tmp_path, edit=None):
-    root = tmp_path / "root"
-    shutil.copytree(TINY, root)
-    if edit is not None:
-        p = root / "papers" / "tiny.yaml"
-        p.write_text(edit(p.read_text()))
-    return root
 
 
 def cli(args):

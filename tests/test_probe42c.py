@@ -18,28 +18,8 @@ import torch
 
 import fedlab_nb as fl
 from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+from probes import KW, REPO, fed10, one_line_error, root_copy, trace
 
-KW = dict(model="logreg", local_epochs=1, batch_size=8, lr=0.1, progress=False)
-TINY = Path(__file__).parent / "data" / "tinyroot"
-REPO = Path(__file__).resolve().parents[1]
-
-
-def finding(why):
-    return pytest.mark.xfail(strict=True, reason=f"probe finding: {why}")
-
-
-@pytest.fixture(scope="module")
-def fed10():
-    return fl.federate("digits", "iid", n_clients=10, seed=0)
-
-
-def root_copy(tmp_path, edit=None):
-    root = tmp_path / "root"
-    shutil.copytree(TINY, root)
-    if edit is not None:
-        p = root / "papers" / "tiny.yaml"
-        p.write_text(edit(p.read_text()))
-    return root
 
 
 def cli(args):
@@ -62,10 +42,6 @@ def cli_process(args, timeout=30, **kw):
                           timeout=timeout, env=env, **kw)
 
 
-def one_line_error(rc, err):
-    assert rc in (1, 2) and "Traceback" not in err and len(err.strip().splitlines()) == 1, (rc, err)
-
-
 def no_control(text):
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", text), repr(text[:300])
 
@@ -76,13 +52,6 @@ GOOD = {"paper": "tiny", "scale": "smoke", "verdict": "reproduced",
 
 
 # ================================================================================ (1) DP rounds and accountant
-def trace(method, fed, sampler, rounds, **kw):
-    seen = []
-    h = fl.simulate(method, fed, rounds=rounds, clients_per_round=sampler, seed=0,
-                    callback=lambda r, theta, row: seen.append(theta.clone()), **{**KW, **kw})
-    return h, seen
-
-
 def test_dp_adaptive_clipping_noises_empty_rounds(fed10):
     method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=0.5, clip_norm=0.5, sampling_rate=0.1,
                                              adaptive=True, clip_count_stddev=1.0)

@@ -4,13 +4,11 @@ xfail(strict=True) is an open finding (its reason says what is wrong), so the su
 import contextlib
 import dataclasses
 import fcntl
-import io
 import json
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,33 +17,9 @@ import torch
 import fedlab_nb as fl
 from fedlab_nb.methods.privacy import accounting as A
 from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
-from test_probe42c import flower_reply, flower_strategy, root_copy
+from test_probe42c import flower_reply, flower_strategy
+from probes import REPO, cli, fed10, root_copy, trace
 
-KW = dict(model="logreg", local_epochs=1, batch_size=8, lr=0.1, progress=False)
-REPO = Path(__file__).resolve().parents[1]
-
-
-def finding(why):
-    return pytest.mark.xfail(strict=True, reason=f"probe finding: {why}")
-
-
-@pytest.fixture(scope="module")
-def fed10():
-    return fl.federate("digits", "iid", n_clients=10, seed=0)
-
-
-def cli(args):
-    """(exit status, stdout, stderr) of main(); SystemExit (argparse) is an exit status, other exceptions fail."""
-    from fedlab_nb.cli import main
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main([str(a) for a in args])
-    except SystemExit as e:
-        rc = e.code
-    except Exception as e:  # noqa: BLE001 -- a traceback is the finding
-        return f"raised {type(e).__name__}: {str(e)[:200]}", out.getvalue(), err.getvalue()
-    return rc, out.getvalue(), err.getvalue()
 
 
 def no_control(text):
@@ -101,13 +75,6 @@ def test_accountant_tiny_q_and_huge_steps_give_numbers():  # held
 
 
 # ================================================================================ (1) DP: what a run releases
-def trace(method, fed, sampler, rounds, **kw):
-    seen = []
-    h = fl.simulate(method, fed, rounds=rounds, clients_per_round=sampler, seed=0,
-                    callback=lambda r, theta, row: seen.append(theta.clone()), **{**KW, **kw})
-    return h, seen
-
-
 def test_dp_run_with_negligible_noise_does_not_report_zero_epsilon(fed10):
     try:
         method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1e-160, clip_norm=0.5, sampling_rate=0.5)

@@ -1,16 +1,13 @@
 """Probe 42e: a fifth, independent re-run of issue 42's failure classes with variants that test_reliability3.py,
 test_probe42.py, test_probe42c.py and test_probe42d.py do not try. Each test asserts the correct behaviour; a test
 marked xfail(strict=True) is an open finding (its reason says what is wrong), so the suite stays green until fixed."""
-import contextlib
 import dataclasses
 import fcntl
-import io
 import json
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,37 +16,9 @@ import torch
 
 import fedlab_nb as fl
 from fedlab_nb.methods.privacy import accounting as A
-from test_probe42c import flower_reply, root_copy
+from test_probe42c import flower_reply
+from probes import KW, cli, fed10, finding, one_line_error, root_copy
 
-REPO = Path(__file__).resolve().parents[1]
-KW = dict(model="logreg", local_epochs=1, batch_size=8, lr=0.1, progress=False)
-
-
-def finding(why):
-    return pytest.mark.xfail(strict=True, reason=f"probe finding: {why}")
-
-
-@pytest.fixture(scope="module")
-def fed10():
-    return fl.federate("digits", "iid", n_clients=10, seed=0)
-
-
-def cli(args):
-    """(exit status, stdout, stderr) of main(); SystemExit is an exit status, another exception is returned as text."""
-    from fedlab_nb.cli import main
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main([str(a) for a in args])
-    except SystemExit as e:
-        rc = e.code
-    except Exception as e:  # noqa: BLE001 -- a traceback is the finding
-        return f"raised {type(e).__name__}: {str(e)[:200]}", out.getvalue(), err.getvalue()
-    return rc, out.getvalue(), err.getvalue()
-
-
-def one_line_error(rc, err):
-    assert rc in (1, 2) and "Traceback" not in err and len(err.strip().splitlines()) == 1, (rc, err)
 
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\U000e0000-\U000e007f]")

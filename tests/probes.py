@@ -1,0 +1,62 @@
+"""Helpers shared by the issue-42 probe files (tests/test_probe42*.py): a tiny repository copy, the CLI run
+in-process, the probe-finding marker and the small federation the DP and Flower probes train on."""
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+
+import fedlab_nb as fl
+
+KW = dict(model="logreg", local_epochs=1, batch_size=8, lr=0.1, progress=False)
+TINY = Path(__file__).parent / "data" / "tinyroot"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def finding(why):
+    return pytest.mark.xfail(strict=True, reason=f"probe finding: {why}")
+
+
+@pytest.fixture(scope="module")
+def fed10():
+    return fl.federate("digits", "iid", n_clients=10, seed=0)
+
+
+def root_copy(tmp_path, edit=None):
+    """A copy of tests/data/tinyroot (one paper, `tiny`), its claims file optionally edited."""
+    root = tmp_path / "root"
+    shutil.copytree(TINY, root)
+    if edit is not None:
+        p = root / "papers" / "tiny.yaml"
+        p.write_text(edit(p.read_text()))
+    return root
+
+
+def cli(args):
+    """(exit status, stdout, stderr) of main(); SystemExit (argparse) is an exit status, another exception is
+    returned as text (a traceback is the finding, and the caller's checks fail on it)."""
+    from fedlab_nb.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main([str(a) for a in args])
+    except SystemExit as e:
+        rc = e.code
+    except Exception as e:  # noqa: BLE001 -- a traceback is the finding
+        return f"raised {type(e).__name__}: {str(e)[:200]}", out.getvalue(), err.getvalue()
+    return rc, out.getvalue(), err.getvalue()
+
+
+def one_line_error(rc, err):
+    assert rc in (1, 2) and "Traceback" not in err and len(err.strip().splitlines()) == 1, (rc, err)
+
+
+def trace(method, fed, sampler, rounds, **kw):
+    """(History, θ after every round) of a short run."""
+    seen = []
+    h = fl.simulate(method, fed, rounds=rounds, clients_per_round=sampler, seed=0,
+                    callback=lambda r, theta, row: seen.append(theta.clone()), **{**KW, **kw})
+    return h, seen
