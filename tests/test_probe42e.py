@@ -64,7 +64,6 @@ GOOD = {"paper": "tiny", "scale": "smoke", "verdict": "reproduced",
                     "role": "headline"}]}
 
 
-@finding("accounting.dp_event (accounting.py:117) rounds q*1e6 to an int: sampling='fixed' ε is computed for a smaller q (q=1.4e-6 gives ε(1e-6); q=4e-7 gives ε=0.0)")
 # ================================================================================ (1) DP rounds and the accountant
 @pytest.mark.parametrize("q", [1.4e-6, 4e-7])
 def test_fixed_sampling_epsilon_is_not_computed_for_a_smaller_q(q):
