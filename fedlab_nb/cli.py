@@ -513,7 +513,7 @@ def cmd_figures(args) -> int:
     paper = C.load_paper(args.paper, root)
     if args.action == "update":
         path, lines = F.update_reference(paper, _results(args, root), args.from_dir)
-        print("\n".join(f"  {line}" for line in lines))
+        print("\n".join(f"  {printable(line)}" for line in lines))
         print(f"wrote {path}")
         return 0
     reference = F.load_reference(paper.id, root)
@@ -522,7 +522,7 @@ def cmd_figures(args) -> int:
                            f"`fedlab-nb figures update {paper.id}`")
     folder = F.smoke_run_dir(paper.id, root, _results(args, root), args.from_dir)
     problems = F.figure_problems(paper, folder)
-    print("\n".join(f"  {p}" for p in problems) or f"{paper.id}: figure data within tolerance of the reference")
+    print("\n".join(f"  {printable(p)}" for p in problems) or f"{paper.id}: figure data within tolerance of the reference")
     return 1 if problems else 0
 
 

@@ -20,7 +20,14 @@ _NAME = re.compile(r"^(?P<paper>[A-Za-z_][A-Za-z0-9_]*)-(?P<scale>.+)\.json$")
 _FIELDS = {"paper": str, "scale": str, "verdict": str, "claims": list}
 MAX_BYTES = 64 << 20   # a result file is a few kB; anything this large is not one
 MAX_DEPTH = 32         # results nest 4 deep; a 100,000-deep array is an attack, not a result
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+# C0/C1 controls (tab and newline are replaced below), the line/paragraph separators U+2028/U+2029, and every
+# Unicode format character (category Cf), which reorder or hide text: U+00AD soft hyphen, U+061C ARABIC LETTER MARK,
+# U+180E, U+200B-U+200F (zero widths, LRM, RLM), U+202A-U+202E (embeddings, overrides), U+2060-U+206F (word joiner,
+# invisible operators, isolates U+2066-U+2069), U+FEFF, U+FFF9-U+FFFB, U+E0000-U+E007F tags, and the rarer ones
+# (Arabic/Syriac number marks, Kaithi, Egyptian hieroglyph, shorthand and musical format controls)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
+                      "\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+                      "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e007f]")
 
 
 def printable(text, limit: int | None = None) -> str:
