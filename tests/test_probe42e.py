@@ -135,9 +135,7 @@ def test_secondary_entry_nan_in_simulate_is_caught(fed10):
 
 
 # ================================================================================ (4) secure aggregation
-@pytest.mark.parametrize("sizes", [pytest.param((10, -5, 10), marks=finding(
-    "SecureAggregation (secure_aggregation.py:651) accepts a negative client size; the error is 'inputs must lie in "
-    "[0, 2^32)' from the protocol, naming neither client_sizes nor the client")), (10, 2**62, 10)])
+@pytest.mark.parametrize("sizes", [(10, -5, 10), (10, 2**62, 10)])
 def test_secure_aggregation_bad_client_sizes_are_a_named_error(sizes):
     from fedlab_nb.core.messages import Messages
     from fedlab_nb.methods.privacy.secure_aggregation import SecureAggregation
@@ -241,7 +239,6 @@ def test_a_held_lock_with_a_hostile_holder_text_is_one_line(tmp_path, body):
     assert rc == 1 and "another run" in err and "Traceback" not in err, (rc, err)
 
 
-@finding("read_result does not type-check 'metrics'; report.references (report.py:205) calls metrics.get: AttributeError/TypeError")
 # ================================================================================ (3) result files as hostile input
 @pytest.mark.parametrize("metrics", [["other"], "other", 5], ids=["list", "str", "int"])
 def test_report_survives_metrics_of_the_wrong_type(tmp_path, metrics):
@@ -253,7 +250,6 @@ def test_report_survives_metrics_of_the_wrong_type(tmp_path, metrics):
     assert rc == 0 and (results / "index.html").is_file(), (rc, err)
 
 
-@finding("report._short (report.py:210) / reported (report.py:67) average a list holding a 401-digit int: OverflowError")
 @pytest.mark.parametrize("where", ["report ours", "metric list"])
 def test_report_survives_a_huge_integer_in_a_list(tmp_path, where):
     root, results = root_copy(tmp_path), tmp_path / "results"

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 
 STALE = "stale"  # the board's verdict for a result file that cannot be used
@@ -57,12 +58,16 @@ def read_result(path) -> tuple[dict | None, str | None]:
         return None, f"is not a result file (nested more than {MAX_DEPTH} deep)"
     if not isinstance(data, dict):
         return None, f"holds a JSON {type(data).__name__}, not a result"
+    if _too_large(data):
+        return None, "is not a result file (an integer too large for a float: a number no run writes)"
     wrong = [k for k, kind in _FIELDS.items() if not isinstance(data.get(k), kind)]
     if wrong:
         return None, f"is not a result file (field {', '.join(wrong)} missing or of the wrong type)"
     if not all(isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("id", "verdict", "expect"))
                for c in data["claims"]):
         return None, "is not a result file (a claim without id / expect / verdict)"
+    if not (data.get("metrics") is None or isinstance(data["metrics"], dict)):
+        return None, f"is not a result file (field metrics is a {type(data['metrics']).__name__}, not a mapping)"
     if not _error_ok(data.get("error")):
         return None, "is not a result file (field error is not a mapping with cell, ename and evalue)"
     if not _counts_ok(data.get("counts")):
@@ -120,6 +125,21 @@ def _depth(data) -> int:
             if d <= MAX_DEPTH:
                 todo += [(v, d + 1) for v in (item.values() if isinstance(item, dict) else item)]
     return deepest
+
+
+def _too_large(data) -> bool:
+    """Whether parsed JSON (at most MAX_DEPTH deep) holds an integer beyond float's range (float() would raise
+    OverflowError wherever the report averages or formats it)."""
+    todo = [data]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            todo += item.values()
+        elif isinstance(item, list):
+            todo += item
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > sys.float_info.max:
+            return True
+    return False
 
 
 def _number(value) -> bool:
