@@ -470,7 +470,11 @@ def cmd_lab(args) -> int:
         if args.fresh or not dest.exists():
             source = read_regular(nb, MAX_NOTEBOOK_BYTES)  # a FIFO or device is refused, not read
             if args.student:
-                source = nbformat.writes(student_notebook(nbformat.reads(source.decode("utf-8"), as_version=4)))
+                try:
+                    source = nbformat.writes(student_notebook(nbformat.reads(source.decode("utf-8"), as_version=4)))
+                except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as e:  # not UTF-8, not JSON
+                    raise C.ReproError(f"cannot make the student version of {nb}: not a readable notebook "
+                                       f"({type(e).__name__}: {str(e)[:120]}); fix or remove it") from None
             write_atomic(dest, source)
             copied += 1
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={target}", *_lab_options(args)]
