@@ -45,7 +45,7 @@ from .engine.evaluate import Evaluator
 from .engine.history import History
 from .engine.sampling import check_sampled, make_sampler
 from .engine.server import (NonFiniteUpdateError, RoundSetup, RunConfig, build_model, client_round, downlink, local_job,
-                            quiet_round, server_update, uplink, warn_dropped_rounds)
+                            nan_markers, quiet_round, server_update, uplink, warn_dropped_rounds)
 from .engine.store import ClientStore
 from .methods import Method, RoundInfo, get_method
 from .models import flatten_params, param_spec
@@ -258,8 +258,10 @@ class MethodStrategy(Strategy):
                 raise _refuse(server_round, f"client {out[0][0]}", f"has {key!r} of dtype {a.dtype} and shape "
                               f"{a.shape}, not θ's {want} ({width},)")
         if self.s.cfg.on_nonfinite == "raise":  # 'drop': server_update drops such replies, every entry checked
+            marks = nan_markers(self.s.method)  # entries a NaN row marks as "no value yet" (PGFed's a)
             for k, _, e in out:
-                bad = [n for n, a in sorted(e.items()) if a.dtype.kind == "f" and not np.isfinite(a).all()]
+                bad = [n for n, a in sorted(e.items()) if a.dtype.kind == "f" and not np.isfinite(a).all()
+                       and not (n in marks and np.isnan(a).all())]
                 if bad:
                     raise NonFiniteUpdateError(
                         f"round {server_round}: the reply from client {k} has a non-finite (NaN/inf) "

@@ -305,10 +305,18 @@ def run_round(s: RoundSetup, state: dict, theta: torch.Tensor, store: ClientStor
     return theta, state, {"train_loss": loss, **wire, **s.method.round_metrics(state)}
 
 
-def finite_rows(msgs: Messages, key: str) -> tuple[torch.Tensor, list]:
+def nan_markers(method: Method) -> frozenset:
+    """The message entries whose rows may be all NaN by design, a "no value yet" mark the server replaces (the
+    client update's `nan_marker_entries`, e.g. PGFed's first-round a rows); a partly NaN or an inf row is still
+    refused."""
+    return frozenset(getattr(method.client, "nan_marker_entries", ()))
+
+
+def finite_rows(msgs: Messages, key: str, markers: frozenset = frozenset()) -> tuple[torch.Tensor, list]:
     """([m] bool: the clients whose every floating message entry is finite, the names of the entries with a
     non-finite row). The aggregated entry and every other one (SCAFFOLD's delta_c, ...): a NaN in a secondary
-    entry would otherwise enter the server's state and blame innocent clients a round later."""
+    entry would otherwise enter the server's state and blame innocent clients a round later. In an entry of
+    `markers` a row that is NaN throughout is a mark, not a fault."""
     m = len(msgs.client_ids)
     keep = torch.ones(m, dtype=torch.bool, device=msgs[key].device if key in msgs else None)
     where = []
@@ -320,7 +328,7 @@ def finite_rows(msgs: Messages, key: str) -> tuple[torch.Tensor, list]:
         ok = torch.isfinite(rows.sum(1))  # one pass, no [m, d] temporaries (1,000 clients × 200k params)
         if not ok.all():  # a row sum can overflow with finite entries: check those rows entry by entry
             bad = (~ok).nonzero().ravel()
-            ok[bad] = torch.isfinite(rows[bad]).all(1)
+            ok[bad] = torch.isfinite(rows[bad]).all(1) | (name in markers and torch.isnan(rows[bad]).all(1))
         if not ok.all():
             where.append(name)
             keep &= ok.to(keep.device)
@@ -335,7 +343,7 @@ def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundI
     key = method.aggregate_key
     if not isinstance(msgs, Messages):
         msgs = Messages({key: msgs}, np.asarray(info.client_ids))
-    keep, where = finite_rows(msgs, key)
+    keep, where = finite_rows(msgs, key, nan_markers(method))
     if not keep.all():
         bad = [int(k) for k in info.client_ids[~keep.cpu().numpy()]]
         if on_nonfinite == "raise":
