@@ -470,7 +470,11 @@ def cmd_lab(args) -> int:
         if args.fresh or not dest.exists():
             source = read_regular(nb, MAX_NOTEBOOK_BYTES)  # a FIFO or device is refused, not read
             if args.student:
-                source = nbformat.writes(student_notebook(nbformat.reads(source.decode("utf-8"), as_version=4)))
+                try:
+                    source = nbformat.writes(student_notebook(nbformat.reads(source.decode("utf-8"), as_version=4)))
+                except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as e:  # not UTF-8, not JSON
+                    raise C.ReproError(f"cannot make the student version of {nb}: not a readable notebook "
+                                       f"({type(e).__name__}: {str(e)[:120]}); fix or remove it") from None
             write_atomic(dest, source)
             copied += 1
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={target}", *_lab_options(args)]
@@ -513,7 +517,7 @@ def cmd_figures(args) -> int:
     paper = C.load_paper(args.paper, root)
     if args.action == "update":
         path, lines = F.update_reference(paper, _results(args, root), args.from_dir)
-        print("\n".join(f"  {line}" for line in lines))
+        print("\n".join(f"  {printable(line)}" for line in lines))
         print(f"wrote {path}")
         return 0
     reference = F.load_reference(paper.id, root)
@@ -522,7 +526,7 @@ def cmd_figures(args) -> int:
                            f"`fedlab-nb figures update {paper.id}`")
     folder = F.smoke_run_dir(paper.id, root, _results(args, root), args.from_dir)
     problems = F.figure_problems(paper, folder)
-    print("\n".join(f"  {p}" for p in problems) or f"{paper.id}: figure data within tolerance of the reference")
+    print("\n".join(f"  {printable(p)}" for p in problems) or f"{paper.id}: figure data within tolerance of the reference")
     return 1 if problems else 0
 
 

@@ -44,8 +44,8 @@ from .engine.client import make_loss, train_clients_loop
 from .engine.evaluate import Evaluator
 from .engine.history import History
 from .engine.sampling import check_sampled, make_sampler
-from .engine.server import (RoundSetup, RunConfig, build_model, client_round, downlink, local_job, quiet_round,
-                            server_update, uplink, warn_dropped_rounds)
+from .engine.server import (NonFiniteUpdateError, RoundSetup, RunConfig, build_model, client_round, downlink, local_job,
+                            nan_markers, quiet_round, server_update, uplink, warn_dropped_rounds)
 from .engine.store import ClientStore
 from .methods import Method, RoundInfo, get_method
 from .models import flatten_params, param_spec
@@ -123,6 +123,11 @@ def _spec(entries: dict) -> tuple:
     return tuple(sorted((n, a.dtype.str, a.shape) for n, a in entries.items()))
 
 
+def _describe(spec: tuple) -> str:
+    """A spec as text: name dtype shape, e.g. 'delta' float32 (7850,)."""
+    return "[" + ", ".join(f"{n!r} {np.dtype(d).name} {tuple(s)}" for n, d, s in spec) + "]"
+
+
 def _refuse(r: int, who: str, what: str) -> ValueError:
     return ValueError(f"round {r}: the reply from {who} {what}; its reply is refused (fix or stop that SuperNode: "
                       "every client runs the same fedlab_nb version and method)")
@@ -138,6 +143,7 @@ class MethodStrategy(Strategy):
         self.state = setup.method.init_state(self.theta, setup.num_clients)
         self.evaluator = Evaluator(setup.model, setup.fed)
         self.nodes: dict[int, int] = {}     # our client id k -> Flower node id
+        self.reference: tuple | None = None  # the entries the method's client code sends (once per run)
         self.rows: list[dict] = []
         self.round_seconds: list[float] = []
 
@@ -227,11 +233,16 @@ class MethodStrategy(Strategy):
         if sum(m["num-examples"] for _, m, _ in out) == 0:  # nobody trained on anything: no weight to aggregate by
             raise _refuse(server_round, ", ".join(f"client {k}" for k, _, _ in out), "reports num-examples = 0 (the "
                           "round's total): at least one reply must have trained on examples")
-        specs = {_spec(e) for _, _, e in out}
-        ref = specs.pop() if len(specs) == 1 else self._expected_spec(server_round - 1, out[0][0])
+        if self.reference is None:  # every reply is checked against the method's own entries, not only the others'
+            self.reference = self._expected_spec(server_round - 1, out[0][0])
+        ref = self.reference
         for k, _, e in out:
             if _spec(e) != ref:
-                raise _refuse(server_round, f"client {k}", f"has entries {_spec(e)}, the others {ref}")
+                got, want = {n for n, _, _ in _spec(e)}, {n for n, _, _ in ref}
+                diff = "; ".join(f"{what} {sorted(names)}" for what, names in (("extra", got - want), ("missing", want - got))
+                                 if names)
+                raise _refuse(server_round, f"client {k}", f"has entries {_describe(_spec(e))}"
+                              f"{f' ({diff})' if diff else ''}, not the method's {_describe(ref)}")
         want, key = str(self.theta.dtype).removeprefix("torch."), self.s.method.aggregate_key
         bad = [n for n, a in out[0][2].items() if a.dtype.kind not in "fiub"
                or (a.dtype.kind == "f" and a.dtype != np.dtype(want))]
@@ -246,12 +257,23 @@ class MethodStrategy(Strategy):
             if a.dtype != np.dtype(want) or a.shape != (width,):
                 raise _refuse(server_round, f"client {out[0][0]}", f"has {key!r} of dtype {a.dtype} and shape "
                               f"{a.shape}, not θ's {want} ({width},)")
+        if self.s.cfg.on_nonfinite == "raise":  # 'drop': server_update drops such replies, every entry checked
+            marks = nan_markers(self.s.method)  # entries a NaN row marks as "no value yet" (PGFed's a)
+            for k, _, e in out:
+                bad = [n for n, a in sorted(e.items()) if a.dtype.kind == "f" and not np.isfinite(a).all()
+                       and not (n in marks and np.isnan(a).all())]
+                if bad:
+                    raise NonFiniteUpdateError(
+                        f"round {server_round}: the reply from client {k} has a non-finite (NaN/inf) "
+                        f"{', '.join(repr(n) for n in bad)}; lower lr, check that client's data, or pass "
+                        "on_nonfinite='drop' to drop such replies")
         return out
 
     def _expected_spec(self, r: int, k: int) -> tuple:
         """The entries a reply of this method must carry (names, dtypes, shapes), from the method itself: the
         client code path (`client_round` + `uplink`, as the ClientApp runs it) for client k with fresh state.
-        Only computed when replies disagree, so the odd ones out are named, never the honest majority's peer."""
+        Computed once per run (the first round with replies) and every reply is compared with it, so an entry that
+        all replies agree on but the method never sends is refused too."""
         dev, method = self.s.fed.device, self.s.method
         cstate = ClientStore(method.client_state(self.s.theta0, self.s.round.groups), 1, dev).gather([0], dev)
         entries, cstate, _, _ = client_round(self.s.round, r, np.array([k]), self.down, cstate)

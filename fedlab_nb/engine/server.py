@@ -34,8 +34,9 @@ from .rows import RoundRows
 from .store import ClientStore
 
 
-class NonFiniteUpdateError(FloatingPointError):
-    """A client returned NaN/inf; the message names the client and round."""
+class NonFiniteUpdateError(FloatingPointError, ValueError):
+    """A client returned NaN/inf; the message names the client and round. Also a ValueError: a bad value a client
+    sent, like the Flower adapter's other refusals of a reply."""
 
 
 @dataclass(kw_only=True)
@@ -304,6 +305,36 @@ def run_round(s: RoundSetup, state: dict, theta: torch.Tensor, store: ClientStor
     return theta, state, {"train_loss": loss, **wire, **s.method.round_metrics(state)}
 
 
+def nan_markers(method: Method) -> frozenset:
+    """The message entries whose rows may be all NaN by design, a "no value yet" mark the server replaces (the
+    client update's `nan_marker_entries`, e.g. PGFed's first-round a rows); a partly NaN or an inf row is still
+    refused."""
+    return frozenset(getattr(method.client, "nan_marker_entries", ()))
+
+
+def finite_rows(msgs: Messages, key: str, markers: frozenset = frozenset()) -> tuple[torch.Tensor, list]:
+    """([m] bool: the clients whose every floating message entry is finite, the names of the entries with a
+    non-finite row). The aggregated entry and every other one (SCAFFOLD's delta_c, ...): a NaN in a secondary
+    entry would otherwise enter the server's state and blame innocent clients a round later. In an entry of
+    `markers` a row that is NaN throughout is a mark, not a fault."""
+    m = len(msgs.client_ids)
+    keep = torch.ones(m, dtype=torch.bool, device=msgs[key].device if key in msgs else None)
+    where = []
+    for name in [key] + sorted(n for n in msgs.tensors if n != key):
+        t = msgs.tensors.get(name)
+        if m == 0 or not torch.is_tensor(t) or not t.is_floating_point() or t.dim() == 0 or len(t) != m:
+            continue  # rankings, counts, masked integers: nothing can be NaN
+        rows = t.reshape(m, -1)
+        ok = torch.isfinite(rows.sum(1))  # one pass, no [m, d] temporaries (1,000 clients × 200k params)
+        if not ok.all():  # a row sum can overflow with finite entries: check those rows entry by entry
+            bad = (~ok).nonzero().ravel()
+            ok[bad] = torch.isfinite(rows[bad]).all(1) | (name in markers and torch.isnan(rows[bad]).all(1))
+        if not ok.all():
+            where.append(name)
+            keep &= ok.to(keep.device)
+    return keep, where
+
+
 def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundInfo, msgs, losses: torch.Tensor,
                   on_nonfinite: str = "raise", groups=None):
     """The server half of a round — non-finite check, the objective's bookkeeping, aggregation, server step;
@@ -312,17 +343,13 @@ def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundI
     key = method.aggregate_key
     if not isinstance(msgs, Messages):
         msgs = Messages({key: msgs}, np.asarray(info.client_ids))
-    deltas = msgs[key]
-    if not deltas.is_floating_point():  # rankings, counts: nothing can be NaN
-        deltas = deltas.new_zeros(len(deltas), 1).float()
-    keep = torch.isfinite(deltas.sum(1))  # one pass, no [m, d] temporaries (1,000 clients × 200k params)
-    if not keep.all():  # a row sum can overflow with finite entries: check those rows entry by entry
-        rows = (~keep).nonzero().ravel()
-        keep[rows] = torch.isfinite(deltas[rows]).all(1)
+    keep, where = finite_rows(msgs, key, nan_markers(method))
     if not keep.all():
         bad = [int(k) for k in info.client_ids[~keep.cpu().numpy()]]
         if on_nonfinite == "raise":
-            raise NonFiniteUpdateError(f"round {info.round + 1}: client(s) {bad} returned a non-finite update (NaN/inf). "
+            what = "update" if where == [key] else "message (entr" + ("y " if len(where) == 1 else "ies ") + \
+                ", ".join(repr(w) for w in where) + ")"
+            raise NonFiniteUpdateError(f"round {info.round + 1}: client(s) {bad} returned a non-finite {what} (NaN/inf). "
                                        f"Lower lr (now {info.lr}), check the data, or pass on_nonfinite='drop' "
                                        "to drop such updates")
         if not keep.any():

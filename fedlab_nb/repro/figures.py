@@ -154,14 +154,60 @@ def write_figure_data(folder: Path, name: str, payload: dict) -> Path:
     return path
 
 
+MAX_FIGURE_BYTES = 64 << 20  # a figure's data or a paper's reference is kilobytes; anything this large is not one
+
+
+def _read_json(path: Path, fix: str):
+    """The JSON in `path`, a regular file of at most MAX_FIGURE_BYTES (a FIFO or a device is refused without
+    blocking); a FigureDataError naming the file and `fix` when it is not one, not UTF-8, not JSON or too deep."""
+    from .files import UnsafePathError, read_regular
+    try:
+        return json.loads(read_regular(path, MAX_FIGURE_BYTES).decode("utf-8"))
+    except UnsafePathError as e:
+        raise FigureDataError(f"{e}; {fix}") from None
+    except UnicodeDecodeError as e:
+        raise FigureDataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); {fix}") from None
+    except RecursionError:
+        raise FigureDataError(f"{path}: JSON nested too deeply to read; {fix}") from None
+    except ValueError as e:  # json.JSONDecodeError, and an integer too long to convert
+        raise FigureDataError(f"{path}: not valid JSON ({str(e)[:200]}); {fix}") from None
+
+
+def _is_number_list(value, allow_none: bool = True) -> bool:
+    return isinstance(value, list) and all(
+        (v is None and allow_none) or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in value)
+
+
+def _figures_problem(figures) -> str | None:
+    """What is wrong with a {figure name: payload} mapping's form (None when every payload has a `series` list
+    of {key: str, values: [numbers or null], x/sd: optional such lists, n: optional number}), in words."""
+    if not isinstance(figures, dict):
+        return f"the figures are a {type(figures).__name__}, not a mapping"
+    for name, payload in figures.items():
+        if not isinstance(payload, dict) or not isinstance(payload.get("series"), list):
+            return f"figure {name!r} has no 'series' list"
+        for i, series in enumerate(payload["series"]):
+            if not isinstance(series, dict) or not isinstance(series.get("key"), str):
+                return f"figure {name!r}: series {i} is not a mapping with a string 'key'"
+            if not _is_number_list(series.get("values")):
+                return f"figure {name!r}: series {i} has no 'values' list of numbers"
+            for field in ("x", "sd"):
+                if series.get(field) is not None and not _is_number_list(series[field]):
+                    return f"figure {name!r}: series {i} has an '{field}' that is not a list of numbers"
+            n = series.get("n")
+            if n is not None and (isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n)):
+                return f"figure {name!r}: series {i} has an 'n' that is not a number"
+    return None
+
+
 def run_figures(run_dir) -> dict:
     """{figure name: payload} of every `<name>.data.json` in a run folder."""
     out = {}
     for path in sorted(Path(run_dir).glob(f"*{DATA_SUFFIX}")):
-        try:
-            out[path.name[:-len(DATA_SUFFIX)]] = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise FigureDataError(f"{path}: not valid JSON ({e}); re-run the notebook") from None
+        payload = _read_json(path, "re-run the notebook (or remove the file)")
+        if (problem := _figures_problem({path.name[:-len(DATA_SUFFIX)]: payload})) is not None:
+            raise FigureDataError(f"{path}: {problem}; re-run the notebook (or remove the file)")
+        out[path.name[:-len(DATA_SUFFIX)]] = payload
     return out
 
 
@@ -174,10 +220,7 @@ def load_reference(paper_id: str, root) -> dict | None:
     path = reference_path(paper_id, root)
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise FigureDataError(f"{path}: not valid JSON ({e}); regenerate it with `fedlab-nb figures update {paper_id}`")
+    data = _read_json(path, f"regenerate it with `fedlab-nb figures update {paper_id}`")
     if not isinstance(data, dict) or not isinstance(data.get("figures"), dict):
         raise FigureDataError(f"{path}: no 'figures' mapping; regenerate it with `fedlab-nb figures update {paper_id}`")
     by_cpu = data.get("by_cpu", {})
@@ -185,6 +228,9 @@ def load_reference(paper_id: str, root) -> dict | None:
                                                for v in by_cpu.values()):
         raise FigureDataError(f"{path}: 'by_cpu' must map a CPU kind to {{'figures': {{...}}}}; regenerate it with "
                               f"`fedlab-nb figures update {paper_id}` on each CPU kind")
+    for figures in [data["figures"], *(v["figures"] for v in by_cpu.values())]:
+        if (problem := _figures_problem(figures)) is not None:
+            raise FigureDataError(f"{path}: {problem}; regenerate it with `fedlab-nb figures update {paper_id}`")
     return data
 
 

@@ -45,6 +45,9 @@ def write_atomic(path, data: str | bytes) -> Path:
     """Write `data` (text as UTF-8) to `path` through a temporary file in its folder and os.replace: a hard link
     at `path` is replaced, never written through (its other name keeps its content); a symbolic link is refused."""
     path = refuse_link(path)
+    if path.is_dir():
+        raise UnsafePathError(f"{path} is a folder where fedlab-nb writes a file; remove or rename that folder "
+                              "(or give --results another folder)")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -165,8 +168,9 @@ def _holder(path: Path) -> str:
             info = json.loads(f.read(4096))
         return (f"process {int(info['pid'])} on {str(info['host'])[:64]}, scale {str(info['scale'])[:64]}, "
                 f"started {str(info['started'])[:32]}")
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"lock file {path}"
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):  # pid 1e999, deep JSON
+        return (f"the holder written in {path} is unreadable; the lock is released when the process holding it "
+                f"ends: find it with `fuser {path}` and stop it")
 
 
 # ----------------------------------------------------------------------------------- staging and publishing

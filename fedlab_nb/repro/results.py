@@ -12,6 +12,7 @@ import math
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 
 STALE = "stale"  # the board's verdict for a result file that cannot be used
@@ -20,7 +21,14 @@ _NAME = re.compile(r"^(?P<paper>[A-Za-z_][A-Za-z0-9_]*)-(?P<scale>.+)\.json$")
 _FIELDS = {"paper": str, "scale": str, "verdict": str, "claims": list}
 MAX_BYTES = 64 << 20   # a result file is a few kB; anything this large is not one
 MAX_DEPTH = 32         # results nest 4 deep; a 100,000-deep array is an attack, not a result
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+# C0/C1 controls (tab and newline are replaced below), the line/paragraph separators U+2028/U+2029, and every
+# Unicode format character (category Cf), which reorder or hide text: U+00AD soft hyphen, U+061C ARABIC LETTER MARK,
+# U+180E, U+200B-U+200F (zero widths, LRM, RLM), U+202A-U+202E (embeddings, overrides), U+2060-U+206F (word joiner,
+# invisible operators, isolates U+2066-U+2069), U+FEFF, U+FFF9-U+FFFB, U+E0000-U+E007F tags, and the rarer ones
+# (Arabic/Syriac number marks, Kaithi, Egyptian hieroglyph, shorthand and musical format controls)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
+                      "\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+                      "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e007f]")
 
 
 def printable(text, limit: int | None = None) -> str:
@@ -50,12 +58,16 @@ def read_result(path) -> tuple[dict | None, str | None]:
         return None, f"is not a result file (nested more than {MAX_DEPTH} deep)"
     if not isinstance(data, dict):
         return None, f"holds a JSON {type(data).__name__}, not a result"
+    if _too_large(data):
+        return None, "is not a result file (an integer too large for a float: a number no run writes)"
     wrong = [k for k, kind in _FIELDS.items() if not isinstance(data.get(k), kind)]
     if wrong:
         return None, f"is not a result file (field {', '.join(wrong)} missing or of the wrong type)"
     if not all(isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("id", "verdict", "expect"))
                for c in data["claims"]):
         return None, "is not a result file (a claim without id / expect / verdict)"
+    if not (data.get("metrics") is None or isinstance(data["metrics"], dict)):
+        return None, f"is not a result file (field metrics is a {type(data['metrics']).__name__}, not a mapping)"
     if not _error_ok(data.get("error")):
         return None, "is not a result file (field error is not a mapping with cell, ename and evalue)"
     if not _counts_ok(data.get("counts")):
@@ -113,6 +125,21 @@ def _depth(data) -> int:
             if d <= MAX_DEPTH:
                 todo += [(v, d + 1) for v in (item.values() if isinstance(item, dict) else item)]
     return deepest
+
+
+def _too_large(data) -> bool:
+    """Whether parsed JSON (at most MAX_DEPTH deep) holds an integer beyond float's range (float() would raise
+    OverflowError wherever the report averages or formats it)."""
+    todo = [data]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            todo += item.values()
+        elif isinstance(item, list):
+            todo += item
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > sys.float_info.max:
+            return True
+    return False
 
 
 def _number(value) -> bool:

@@ -157,7 +157,12 @@ def check_parameters(parameters: dict, defaults: dict, notebook: Path) -> dict:
         if default is _NO_DEFAULT or default is None or value is None:
             checked[name] = value
         elif isinstance(default, float) and _type_family(value) == "int":
-            checked[name] = float(value)
+            try:
+                checked[name] = float(value)
+            except OverflowError:  # an integer of 309+ digits
+                raise ParameterError(f"parameter {name!r} of {notebook.name} is a float (default {default!r}); got an "
+                                     f"integer of {len(str(abs(value)))} digits, beyond a float's range (1.8e308): "
+                                     "give a smaller number") from None
         elif _type_family(value) != _type_family(default):
             raise ParameterError(f"parameter {name!r} of {notebook.name} has type {_type_family(default)} "
                                  f"(default {default!r}); got {_type_family(value)} {value!r}")

@@ -102,6 +102,7 @@ class PGFedClient(OwnTraining):
     """Local training from θ with the auxiliary gradient and the per-step a update; the message is
     Δ = θ_i − θ, g_i, c_i and the new row a_i; the store keeps θ_i (the personal model) and PGFedMo's
     momentum buffer."""
+    nan_marker_entries = ("a",)  # round 1's a rows are NaN: "no a yet", the server fills in 1/M (not a fault)
     mu: float = 0.1
     lam: float = 0.01
     beta: float = 0.0

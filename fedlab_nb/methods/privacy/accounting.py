@@ -113,8 +113,12 @@ def dp_event(q: float, noise_multiplier: float, steps: int, sampling: str = "poi
     import dp_accounting as dpa
     gauss = dpa.GaussianDpEvent(noise_multiplier)
     if q < 1:
-        gauss = (dpa.PoissonSampledDpEvent(q, gauss) if sampling == "poisson"
-                 else dpa.SampledWithoutReplacementDpEvent(10**6, int(round(q * 10**6)), gauss))
+        if sampling == "poisson":
+            gauss = dpa.PoissonSampledDpEvent(q, gauss)
+        else:  # the accountant reads q as sample_size / source_dataset_size: an exact ratio of the float q (a
+            # rounded one, e.g. to multiples of 1e-6, would account a smaller q and report an invalid, smaller ε)
+            sample_size, population = float(q).as_integer_ratio()
+            gauss = dpa.SampledWithoutReplacementDpEvent(population, sample_size, gauss)
     return dpa.SelfComposedDpEvent(gauss, steps)
 
 

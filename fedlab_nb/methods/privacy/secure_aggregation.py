@@ -648,7 +648,7 @@ class SecureAggregation(Transform):
         if isinstance(self.threshold, float) and not 0 < self.threshold <= 1:
             raise ValueError(f"a fractional threshold must be in (0, 1], got {self.threshold!r}")
         if self.client_sizes is not None:
-            self.client_sizes = tuple(int(n) for n in self.client_sizes)
+            self.client_sizes = tuple(_client_size(k, n) for k, n in enumerate(self.client_sizes))
 
     def round_threshold(self, m: int) -> int:
         t = self.threshold if isinstance(self.threshold, (int, np.integer)) else math.ceil(self.threshold * m)
@@ -708,6 +708,20 @@ class SecureMean:
         total = int(s.fixed_point.signed(s.values[-1:])[0])
         mean = s.fixed_point.dequantize(s.values[:-1], total)
         return torch.as_tensor(mean, dtype=info.theta.dtype, device=info.theta.device)
+
+
+def _client_size(k: int, n) -> int:
+    """Client k's size n_k (its weight in the secure sum) as an int >= 0; a ValueError naming client_sizes and
+    the client otherwise (a negative, fractional, NaN or non-number size)."""
+    import numbers
+    if hasattr(n, "item") and getattr(n, "ndim", getattr(n, "dim", lambda: 0)()) == 0:
+        n = n.item()  # a 0-d tensor / numpy scalar (fed.sizes holds those)
+    ok = not isinstance(n, bool) and (isinstance(n, numbers.Integral) or
+                                      isinstance(n, numbers.Real) and math.isfinite(n) and float(n).is_integer())
+    if not ok or n < 0:
+        raise ValueError(f"secure aggregation: client_sizes[{k}] (client {k}) is {n!r}; each size must be a whole "
+                         "number >= 0 (the client's number of examples: client_sizes=fed.sizes)")
+    return int(n)
 
 
 def with_secure_aggregation(method: Method, client_sizes=None, **secagg) -> Method:
