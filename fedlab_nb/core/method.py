@@ -278,6 +278,8 @@ class ClientUpdate:
     #                               without client state (FedAvg-FT fine-tunes every client with the run's kernel)
     local_buffers = False         # True: the model's buffers (BatchNorm statistics) are kept per client in the
     #                               store entry "buffers" (FedBN) instead of the global ones
+    nan_marker_entries: tuple = ()  # message entries whose rows may be all NaN by design ("no value yet", PGFed's
+    #                               first-round a rows): the round's finiteness check accepts an all-NaN row there
 
     def tracks(self, method: "Method") -> list[Track]:
         """The stretches of local training the engine runs, in order (Ditto: "w", then the personal "v")."""

@@ -309,7 +309,7 @@ def nan_markers(method: Method) -> frozenset:
     """The message entries whose rows may be all NaN by design, a "no value yet" mark the server replaces (the
     client update's `nan_marker_entries`, e.g. PGFed's first-round a rows); a partly NaN or an inf row is still
     refused."""
-    return frozenset(getattr(method.client, "nan_marker_entries", ()))
+    return frozenset(method.client.nan_marker_entries)
 
 
 def finite_rows(msgs: Messages, key: str, markers: frozenset = frozenset()) -> tuple[torch.Tensor, list]:
