@@ -337,3 +337,24 @@ def test_fused_clients_without_steps_keep_theta(monkeypatch, block_bytes):
     got = batched.train_clients_fused(make_loss(model), theta, jobs, 0.2, LocalObjective(), weights=True)
     assert all(torch.equal(got[0][k], theta) for k in (1, 5, 6))
     torch.testing.assert_close(got[0], loop[0], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_few_steps_on_large_clients_gather_only_their_rows(monkeypatch, fuse):
+    """One step of a small batch on clients of hundreds of rows: the chunk copies only the rows the batches use
+    (batched.used_rows_only), with the same result as the loop; a client without steps stays at θ."""
+    torch.manual_seed(0)
+    model = make_model("mlp", (12,), 4, hidden=(5,))
+    theta, jobs = flatten_params(model), make_jobs(n_clients=4)
+    big = [LocalJob(j.client_id, j.x.repeat(40, 1), j.y.repeat(40), [np.array([3, len(j.y) * 40 - 1, 7])], None)
+           for j in jobs]
+    big[2] = LocalJob(big[2].client_id, big[2].x, big[2].y, [], None)
+    seen = []
+    real = batched.used_rows_only
+    monkeypatch.setattr(batched, "used_rows_only", lambda js: seen.append(out := real(js)) or out)
+    loop = train_clients_loop(make_loss(model), theta, big, 0.2, LocalObjective(), weights=True)
+    got = batched.train_clients_vmap(make_loss(model), theta, big, 0.2, LocalObjective(), weights=True, fuse=fuse)
+    assert seen and sum(len(j.y) for j in seen[0]) == 3 * 3 + 1     # 3 rows per stepping client, 1 padding row
+    assert torch.equal(got[0][2], theta)
+    torch.testing.assert_close(got[0], loop[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got[1], loop[1], atol=1e-6, rtol=1e-5)

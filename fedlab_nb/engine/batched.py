@@ -18,6 +18,7 @@ parameters + its batch's saved activations, measured once with autograd's saved-
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -140,6 +141,18 @@ def plan_chunks(cost: np.ndarray, budget: int) -> list[np.ndarray]:
 
 
 # --- one chunk ----------------------------------------------------------------------------------------
+def used_rows_only(jobs: list) -> list:
+    """The jobs with only the rows their batches use (batches re-indexed), when that is under half of their
+    rows: a step or two on large clients need not copy every client's data into the chunk each round."""
+    used = [np.unique(np.concatenate([np.asarray(b, dtype=np.int64) for b in j.batches]))
+            if j.batches else np.zeros(1, dtype=np.int64) for j in jobs]  # row 0: a padding row for τ = 0
+    if 2 * sum(len(u) for u in used) >= sum(len(j.y) for j in jobs):
+        return jobs
+    return [replace(j, x=j.x[torch.as_tensor(u)], y=j.y[torch.as_tensor(u)],
+                    batches=[np.searchsorted(u, np.asarray(b, dtype=np.int64)) for b in j.batches])
+            for j, u in zip(jobs, used)]
+
+
 def padded_schedule(jobs, offsets: np.ndarray):
     """(rows [S, c, B] int64 into the chunk's concatenated data, mask [S, c, B], steps τ [c]); padding
     points at the client's first row and has mask 0."""
@@ -200,6 +213,7 @@ def _train_chunk(step, spec, theta, jobs, lr, out, where, weights, start=None, o
     the vmapped autograd step, a cache block of clients at a time (fused.train_blocked), with the correction
     term of the objective `corrected` (None: no term) and the client optimiser."""
     dev, c = theta.device, len(jobs)
+    jobs = used_rows_only(jobs)
     sizes = np.array([len(j.y) for j in jobs])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     rows, mask, tau = padded_schedule(jobs, offsets)
