@@ -92,3 +92,87 @@ def test_qffl_q0_run_equals_uniform_fedavg_run():
     assert torch.allclose(a.theta, b.theta, atol=1e-5)
     with pytest.raises(ValueError, match="q must be"):
         qffl(q=-1)
+
+
+# --- AFL (agnostic federated learning), q-FFL's baseline in its Table 2 ------------------------------
+def test_project_simplex_matches_a_threshold_search():
+    from fedlab_nb.methods.heterogeneity.agnostic_fl import project_simplex
+    assert torch.allclose(project_simplex(torch.tensor([2.0, 0.0])), torch.tensor([1.0, 0.0]))
+    assert torch.allclose(project_simplex(torch.tensor([0.6, 0.6])), torch.tensor([0.5, 0.5]))
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        v = torch.randn(6, generator=g, dtype=torch.float64) * 2
+        lo, hi = float(v.min()) - 1, float(v.max())       # Σ max(v − τ, 0) = 1 by bisection on τ
+        for _ in range(200):
+            tau = (lo + hi) / 2
+            lo, hi = (tau, hi) if (v - tau).clamp_min(0).sum() > 1 else (lo, tau)
+        assert torch.allclose(project_simplex(v), (v - lo).clamp_min(0), atol=1e-9)
+
+
+def test_agnostic_fl_run_equals_a_hand_written_stochastic_afl():
+    """One full-batch step a round: w ← w − η Σ λ_k ∇F_k(w), λ ← Proj(λ + γ F(w)), output the iterates' mean."""
+    import fedlab_nb as fl
+    from torch.func import functional_call
+    from fedlab_nb.methods.heterogeneity.agnostic_fl import agnostic_fl, project_simplex
+    from fedlab_nb.models import flatten_params, make_model, param_spec, unflatten
+    rng = np.random.default_rng(0)
+    clients = [(rng.normal(size=(n, 5)).astype(np.float32) + k, rng.integers(0, 3, n)) for k, n in enumerate((12, 20, 30))]
+    fed = fl.FederatedDataset.from_clients(clients)
+    torch.manual_seed(0)
+    model = make_model("logistic", (5,), 3)
+    w, spec = flatten_params(model).clone(), param_spec(model)
+    lr, gamma, rounds = 0.3, 0.5, 4
+    h = fl.simulate(agnostic_fl(gamma), fed, model=model, rounds=rounds, clients_per_round=None, local_steps=1,
+                    batch_size=64, lr=lr, seed=0, progress=False, backend="loop")
+
+    def loss(theta, x, y):
+        return torch.nn.functional.cross_entropy(functional_call(model, unflatten(theta, spec), (x,)), y)
+    data = [(torch.tensor(x), torch.tensor(y)) for x, y in clients]
+    lam, iterates = torch.full((3,), 1 / 3, dtype=w.dtype), []
+    for _ in range(rounds):
+        grads = [torch.autograd.grad(loss(w.requires_grad_(), x, y), w)[0] for x, y in data]
+        f = torch.stack([loss(w.detach(), x, y) for x, y in data]).detach()
+        w = (w - lr * sum(l * g for l, g in zip(lam, grads))).detach()
+        lam = project_simplex(lam + gamma * f)
+        iterates.append(w)
+    torch.testing.assert_close(h.theta, w, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(h.state["rule"]["lambda"], lam, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(h.state["rule"]["average"], torch.stack(iterates).mean(0), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(lam, torch.full_like(lam, 1 / 3))   # λ moved off the uniform mixture
+    with pytest.raises(ValueError, match="lr_lambda must be"):
+        agnostic_fl(0)
+    with pytest.raises(ValueError, match="loss_on must be"):
+        agnostic_fl(loss_on="all")
+
+
+def test_qffl_batch_loss_is_the_official_q_fedsgd_step():
+    """loss_on="batch" with one full-batch step: Δ_k = ∇F_k, h_k = q F_k^{q−1}‖∇F_k‖² + F_k^q / η (q-FedSGD)."""
+    import fedlab_nb as fl
+    from torch.func import functional_call
+    from fedlab_nb.models import flatten_params, make_model, param_spec, unflatten
+    rng = np.random.default_rng(1)
+    clients = [(rng.normal(size=(n, 4)).astype(np.float32) * (k + 1), rng.integers(0, 2, n)) for k, n in enumerate((9, 15))]
+    fed = fl.FederatedDataset.from_clients(clients)
+    torch.manual_seed(0)
+    model = make_model("logistic", (4,), 2)
+    w, spec, lr, q = flatten_params(model).clone(), param_spec(model), 0.2, 3.0
+    h = fl.simulate(qffl(q=q, loss_on="batch"), fed, model=model, rounds=1, clients_per_round=None, local_steps=1,
+                    batch_size=64, lr=lr, seed=0, progress=False, backend="loop")
+    num, den = 0, 0
+    for x, y in clients:
+        w_ = w.clone().requires_grad_()
+        f = torch.nn.functional.cross_entropy(functional_call(model, unflatten(w_, spec), (torch.tensor(x),)), torch.tensor(y))
+        g = torch.autograd.grad(f, w_)[0]
+        f = f.detach() + 1e-10
+        num, den = num + f ** q * g, den + q * f ** (q - 1) * g.pow(2).sum() + f ** q / lr
+    torch.testing.assert_close(h.theta, w - num / den, atol=1e-5, rtol=1e-4)
+
+
+@needs("adult")
+def test_adult_phd_split_and_categorical_features():
+    """The AFL / q-FFL comparison's Adult: 99 one-hot features (no numeric columns, no '?'), PhD vs the rest."""
+    ds = nat.load_adult(group_by="phd", features="categorical")
+    assert ds.x_train.shape[1] == 99 and set(ds.x_train.sum(1).tolist()) <= {5.0, 6.0, 7.0, 8.0}  # 8 attributes, up to 3 of them "?"
+    assert (ds.groups_train == "phd").sum() == 413 and (ds.groups_test == "phd").sum() == 181  # education Doctorate
+    with pytest.raises(ValueError, match="features must be"):
+        nat.load_adult(features="numeric")

