@@ -334,7 +334,7 @@ class MethodStrategy(Strategy):
     def history(self, runtime: str) -> History:
         cfg = self.s.cfg
         meta = {"method": self.s.method.name, "dataset": self.s.fed.dataset.name, "partition": self.s.fed.partition.name,
-                "clients": self.s.num_clients, **{k: v for k, v in asdict(cfg).items() if k != "extra"},
+                "clients": self.s.num_clients, **asdict(cfg),
                 "device": str(self.theta.device), "runtime": runtime, "seconds": float(sum(self.round_seconds))}
         warn_dropped_rounds(self.rows, cfg)
         hist = History.from_rows(self.rows, meta)

@@ -56,7 +56,6 @@ class RunConfig:
     backend: str = "auto"               # "loop" | "vmap" | "fused" | "auto" (= "fused": fused step, else vmap, else loop)
     on_nonfinite: str = "raise"         # "raise" | "drop"
     byzantine: tuple = ()               # ids of Byzantine clients (their messages go through `attack`)
-    extra: dict = field(default_factory=dict)
 
     def validate(self, num_clients: int | None = None):
         check_positive_int("rounds", self.rounds)
@@ -486,7 +485,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     store = ClientStore(_client_defaults(method, theta, groups, model), K, store_device)
     run_id = fingerprint(cfg, method, fed, model, sampler, attack, loss, poison)
     meta = {"method": method.name, "dataset": fed.dataset.name, "partition": fed.partition.name,
-            "clients": K, **{k: v for k, v in asdict(cfg).items() if k != "extra"}, "device": str(dev),
+            "clients": K, **asdict(cfg), "device": str(dev),
             "fingerprint": run_id, "backend_used": backend}
     ckpt = Path(checkpoint) if checkpoint else None
     if resume and ckpt and ckpt.exists():
