@@ -107,7 +107,10 @@ def _setup(method, fed, model="mlp", *, rounds=20, clients_per_round=10, local_e
     theta0 = flatten_params(model).to(fed.device)
     groups = method.groups.resolve(param_spec(model))
     rs = RoundSetup(method, fed, cfg, make_loss(model), groups, train_clients_loop)
-    return _Setup(method, fed, model, cfg, make_sampler(clients_per_round, fed.num_clients), theta0, rs)
+    sampler = make_sampler(clients_per_round, fed.num_clients)
+    if hasattr(method.rule, "check_sampler"):  # DP: the sampling its accountant assumes, before round 1
+        method.rule.check_sampler(sampler, fed.num_clients)
+    return _Setup(method, fed, model, cfg, sampler, theta0, rs)
 
 
 # --- server side -------------------------------------------------------------------------------------

@@ -37,7 +37,6 @@ def result_root(tmp_path, data=None, raw=None):
 
 # ================================================================================ (1) DP: the sampler the accountant assumes
 @pytest.mark.parametrize("clients_per_round", [None, 5, 0.5], ids=["all", "5 of 10", "half"])
-@F(1, "DP-FedAvg reports the ε of Poisson q while the run samples every client or a fixed m (no error before 5 rounds)")
 def test_dp_fedavg_refuses_a_sampler_its_accountant_does_not_assume(fed10, clients_per_round):
     """q = 0.1 Poisson accounted, but every round samples 5 or 10 of 10: the ε in History would not hold."""
     method = dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.1)
@@ -45,7 +44,6 @@ def test_dp_fedavg_refuses_a_sampler_its_accountant_does_not_assume(fed10, clien
         fl.simulate(method, fed10, rounds=2, clients_per_round=clients_per_round, seed=0, **KW)
 
 
-@F(1, "sampling='fixed' accepts a Poisson sampler until a round's size differs")
 def test_dp_fedavg_fixed_refuses_a_poisson_sampler_before_round_one(fed10):
     from fedlab_nb.methods.privacy.dp import dp_sampler
     method = dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.3, sampling="fixed")
@@ -63,7 +61,6 @@ def test_dp_fedavg_with_its_own_sampler_and_q_one_run(fed10):  # held: the accep
     assert np.isfinite(fl.simulate(method, fed10, rounds=2, clients_per_round=sampler, seed=0, **KW)["epsilon"]).all()
 
 
-@F(1, "to_flower builds a DP strategy with a sampler its accountant does not assume")
 def test_flower_dp_refuses_a_sampler_its_accountant_does_not_assume(fed10):
     pytest.importorskip("flwr")
     from fedlab_nb.flower import _setup

@@ -474,6 +474,8 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     check_model_outputs(model, fed, loss)
     K = fed.num_clients
     sampler = make_sampler(clients_per_round, K)
+    if hasattr(method.rule, "check_sampler"):  # DP: the sampling its accountant assumes, before round 1
+        method.rule.check_sampler(sampler, K)
     groups = method.groups.resolve(param_spec(model))
     backend = choose_backend(cfg, method, model)
     setup = RoundSetup(method, fed, cfg, make_loss(model, loss), groups, kernel(backend), backend=backend, poison=poison)
