@@ -23,7 +23,7 @@ from ..core.round import DataPoison, ScoredPoison
 from ..core.streams import ATTACK, BATCHES, DOWNLINK, POISON, SAMPLE, STRAGGLE, TRANSFORM
 from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
-from ..utils import check_positive_int, rng
+from ..utils import check_positive_int, check_seed, rng
 from . import batched
 from .checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
@@ -63,7 +63,7 @@ class RunConfig:
         check_positive_int("local_epochs", self.local_epochs)
         check_positive_int("batch_size", self.batch_size)
         check_positive_int("eval_every", self.eval_every)
-        check_positive_int("seed", self.seed, minimum=0)
+        check_seed(self.seed)
         if self.local_steps is not None:
             check_positive_int("local_steps", self.local_steps)
         if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float, np.floating)) or not self.lr > 0:
@@ -465,6 +465,11 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
                     eval_every=eval_every, stragglers=stragglers, drop_stragglers=drop_stragglers, backend=backend,
                     on_nonfinite=on_nonfinite, byzantine=byzantine_ids(byzantine))
     cfg.validate(fed.num_clients)
+    try:
+        torch.device(store_device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"store_device={store_device!r} is not a torch device; use 'cpu' (the default) or "
+                         "e.g. 'cuda'") from None
     if poison is not None:
         check_poison(poison, fed.num_clients)
     if device is not None:
