@@ -51,10 +51,8 @@ def write_atomic(path, data: str | bytes) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        if isinstance(data, str):
-            Path(tmp).write_text(data, encoding="utf-8")
-        else:
-            Path(tmp).write_bytes(data)
+        # text as UTF-8; a lone surrogate (a '\\ud800' escape in a result file) becomes '?' instead of failing
+        Path(tmp).write_bytes(data.encode("utf-8", "replace") if isinstance(data, str) else data)
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; the board and copies are ordinary user files
         os.replace(tmp, path)
     except BaseException:
