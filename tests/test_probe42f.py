@@ -250,7 +250,6 @@ def figures_run(tmp_path, values):
     return run
 
 
-@F(12, "figures update writes through papers/figures linked out of the repository")
 def test_figures_update_does_not_write_through_a_linked_figures_folder(tmp_path):
     root, outside = root_copy(tmp_path), tmp_path / "outside"
     outside.mkdir()
@@ -262,7 +261,6 @@ def test_figures_update_does_not_write_through_a_linked_figures_folder(tmp_path)
 
 
 @pytest.mark.parametrize("values", ["[NaN, 1.0]", "[Infinity]", "[1e999]"])
-@F(13, "figures update with NaN/inf figure data is a traceback")
 def test_figures_update_with_non_finite_data_is_one_line(tmp_path, values):
     root, run = root_copy(tmp_path), figures_run(tmp_path, values)
     rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "figures", "update", "tiny", "--from", run])
