@@ -271,7 +271,6 @@ def test_figures_update_with_non_finite_data_is_one_line(tmp_path, values):
 
 # ================================================================================ (7) CLI input and exit statuses
 @pytest.mark.parametrize("name, value, hint", [("scale", "paper", "--scale"), ("device", "bogus", "device")])
-@F(14, "-p scale is silently replaced by --scale; -p device skips --device's check")
 def test_p_scale_and_device_are_not_silently_ignored_or_unchecked(tmp_path, name, value, hint):
     """-p scale paper: now silently replaced by --scale smoke; -p device bogus: now skips --device's check."""
     rc, out, err = cli(["--root", root_copy(tmp_path), "--results", tmp_path / "res", "run", "tiny",
@@ -280,7 +279,6 @@ def test_p_scale_and_device_are_not_silently_ignored_or_unchecked(tmp_path, name
     assert hint in err and "n_points" not in err, err
 
 
-@F(15, "reproduce tiny tiny runs the paper twice")
 def test_reproduce_runs_a_paper_named_twice_once(tmp_path, monkeypatch):
     import fedlab_nb.cli as F
     calls = []
@@ -292,7 +290,6 @@ def test_reproduce_runs_a_paper_named_twice_once(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("cmd", [["list"], ["report"]])
 @pytest.mark.parametrize("where", ["missing", "file"])
-@F(16, "list/report with a --root that is missing or a file exit 0")
 def test_a_root_that_is_not_a_folder_is_an_error(tmp_path, cmd, where):
     root = tmp_path / "nope"
     if where == "file":
