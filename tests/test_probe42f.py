@@ -297,3 +297,35 @@ def test_a_root_that_is_not_a_folder_is_an_error(tmp_path, cmd, where):
     rc, out, err = cli(["--root", root, "--results", tmp_path / "res"] + cmd)  # now: exit 0, 'no claims files'
     one_line_error(rc, err)
     assert "nope" in err
+
+
+# ================================================================================ (2) temporary files next to a target
+@F(17, "simulate's checkpoint writes through a link at <checkpoint>.tmp")
+def test_checkpoint_does_not_write_through_a_link_at_its_temporary_name(tmp_path, fed10):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "ck.pt.tmp").symlink_to(victim)  # a predictable name: anyone who can write the folder plants it
+    fl.simulate("fedavg", fed10, rounds=1, clients_per_round=3, seed=0, checkpoint=tmp_path / "ck.pt", **KW)
+    assert victim.read_text() == "precious"  # now: the victim holds the checkpoint
+    assert not (tmp_path / "ck.pt").is_symlink()
+
+
+@F(18, "write_json_atomic writes through a link at .<name>.<pid>.tmp")
+def test_write_json_atomic_does_not_write_through_a_link_at_its_temporary_name(tmp_path):
+    from fedlab_nb.repro.recording import write_json_atomic
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / f".m.json.{os.getpid()}.tmp").symlink_to(victim)
+    write_json_atomic(tmp_path / "m.json", {"a": 1})
+    assert victim.read_text() == "precious" and json.loads((tmp_path / "m.json").read_text()) == {"a": 1}
+
+
+# ================================================================================ (5) Flower: counts are whole numbers
+@pytest.mark.parametrize("metrics", [{"num-examples": 10.5}, {"steps": 1.5}, {"bytes-up": 2.5}],
+                         ids=["num-examples", "steps", "bytes-up"])
+@F(19, "Flower accepts fractional num-examples, steps, bytes-up")
+def test_flower_fractional_counts_are_refused_naming_the_client(fed10, metrics):
+    from test_probe42c import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    with pytest.raises(ValueError, match="client 0"):  # now: accepted (bytes-up 2.5 counted as 2)
+        s.aggregate_train(1, [flower_reply(s, 0, **metrics), flower_reply(s, 1)])
