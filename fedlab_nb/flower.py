@@ -309,11 +309,11 @@ class MethodStrategy(Strategy):
         if int(k) not in set(self.sampled.tolist()):
             raise _refuse(r, who, f"comes from a client not sampled this round (sampled: {sorted(self.sampled.tolist())})")
         bad = [n for n in _METRICS if isinstance(metrics.get(n), bool) or not isinstance(metrics.get(n), (int, float))]
-        bad += [n for n in ("num-examples", "steps", "bytes-up") if n not in bad
-                and not (math.isfinite(metrics[n]) and 0 <= metrics[n] <= _MAX_COUNT)]  # int64 and float32 hold it
+        bad += [n for n in ("num-examples", "steps", "bytes-up") if n not in bad  # whole, and int64 / float32 hold it
+                and not (math.isfinite(metrics[n]) and 0 <= metrics[n] <= _MAX_COUNT and float(metrics[n]).is_integer())]
         if bad or set(metrics) - set(_METRICS):
             raise _refuse(r, f"client {k}", f"has metrics {sorted(metrics)} ({', '.join(f'{n}={metrics.get(n)!r}' for n in bad)}):"
-                          f" it must carry numbers {list(_METRICS)}, the counts finite, >= 0 and <= 2^53")
+                          f" it must carry numbers {list(_METRICS)}, the counts whole numbers >= 0 and <= 2^53")
         entries = {n: np.asarray(a.numpy()) for n, a in m.content["message"].items()}
         return int(k), metrics, entries
 

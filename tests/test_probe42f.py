@@ -300,7 +300,6 @@ def test_a_root_that_is_not_a_folder_is_an_error(tmp_path, cmd, where):
 
 
 # ================================================================================ (2) temporary files next to a target
-@F(17, "simulate's checkpoint writes through a link at <checkpoint>.tmp")
 def test_checkpoint_does_not_write_through_a_link_at_its_temporary_name(tmp_path, fed10):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -310,7 +309,6 @@ def test_checkpoint_does_not_write_through_a_link_at_its_temporary_name(tmp_path
     assert not (tmp_path / "ck.pt").is_symlink()
 
 
-@F(18, "write_json_atomic writes through a link at .<name>.<pid>.tmp")
 def test_write_json_atomic_does_not_write_through_a_link_at_its_temporary_name(tmp_path):
     from fedlab_nb.repro.recording import write_json_atomic
     victim = tmp_path / "victim.txt"
@@ -323,7 +321,6 @@ def test_write_json_atomic_does_not_write_through_a_link_at_its_temporary_name(t
 # ================================================================================ (5) Flower: counts are whole numbers
 @pytest.mark.parametrize("metrics", [{"num-examples": 10.5}, {"steps": 1.5}, {"bytes-up": 2.5}],
                          ids=["num-examples", "steps", "bytes-up"])
-@F(19, "Flower accepts fractional num-examples, steps, bytes-up")
 def test_flower_fractional_counts_are_refused_naming_the_client(fed10, metrics):
     from test_probe42c import flower_reply, flower_strategy
     s = flower_strategy(fed10)
