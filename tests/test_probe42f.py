@@ -326,3 +326,13 @@ def test_flower_fractional_counts_are_refused_naming_the_client(fed10, metrics):
     s = flower_strategy(fed10)
     with pytest.raises(ValueError, match="client 0"):  # now: accepted (bytes-up 2.5 counted as 2)
         s.aggregate_train(1, [flower_reply(s, 0, **metrics), flower_reply(s, 1)])
+
+
+@pytest.mark.parametrize("value", ["", "~", "null"])
+@F(20, "-p value '' / ~ / null is None for a float parameter; the notebook fails in a later cell")
+def test_an_empty_or_null_p_value_for_a_typed_parameter_is_one_line(tmp_path, value):
+    """-p value '' (an unset shell variable) is YAML null: now None is accepted for a float and the notebook fails
+    in a later cell; it is refused before anything runs, naming the parameter and its type."""
+    rc, out, err = cli(["--root", root_copy(tmp_path), "--results", tmp_path / "res", "run", "tiny", "-p", "value", value])
+    one_line_error(rc, err)
+    assert "'value'" in err and "float" in err
