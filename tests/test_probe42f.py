@@ -329,7 +329,6 @@ def test_flower_fractional_counts_are_refused_naming_the_client(fed10, metrics):
 
 
 @pytest.mark.parametrize("value", ["", "~", "null"])
-@F(20, "-p value '' / ~ / null is None for a float parameter; the notebook fails in a later cell")
 def test_an_empty_or_null_p_value_for_a_typed_parameter_is_one_line(tmp_path, value):
     """-p value '' (an unset shell variable) is YAML null: now None is accepted for a float and the notebook fails
     in a later cell; it is refused before anything runs, naming the parameter and its type."""

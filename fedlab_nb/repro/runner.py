@@ -154,6 +154,9 @@ def check_parameters(parameters: dict, defaults: dict, notebook: Path) -> dict:
             raise ParameterError(f"parameter {name!r} of {notebook.name} is {value!r}: inf and NaN cannot be recorded "
                                  "in parameters.json; give a finite number (e.g. a large one for 'no limit')")
         default = defaults[name]
+        if value is None and default is not _NO_DEFAULT and default is not None:  # -p x '' (or ~, null) is None
+            raise ParameterError(f"parameter {name!r} of {notebook.name} is None (an empty -p value, ~ or null), but its "
+                                 f"default is {_type_family(default)} {default!r}; give a {_type_family(default)} value")
         if default is _NO_DEFAULT or default is None or value is None:
             checked[name] = value
         elif isinstance(default, float) and _type_family(value) == "int":
