@@ -83,9 +83,9 @@ def write_json_atomic(path: Path, data) -> None:
     text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
     # a fresh temporary file (O_EXCL, random name): a link planted at a predictable name is never written through
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        Path(tmp).write_text(text, encoding="utf-8")
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; metrics, results and references are ordinary files
         os.replace(tmp, path)
     except BaseException:
