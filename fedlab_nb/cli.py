@@ -124,8 +124,15 @@ def _lab_options(args) -> list[str]:
 
 
 def _root(args) -> Path:
-    """The repository root, absolute: resolved once against the caller's directory (papermill changes it)."""
-    return (Path(args.root) if args.root else C.default_root()).absolute()
+    """The repository root, absolute: resolved once against the caller's directory (papermill changes it); a
+    root that is missing or a file is a usage error (list and report would say nothing is there and exit 0)."""
+    root = (Path(args.root) if args.root else C.default_root()).absolute()
+    if not root.is_dir():
+        where = "--root" if args.root else f"${C.ROOT_ENV}" if os.environ.get(C.ROOT_ENV) else "the package's folder"
+        raise UsageError(f"the repository root {printable(str(root), 160)} ({where}) is "
+                         f"{'a file' if root.exists() else 'missing'}; give --root (or ${C.ROOT_ENV}) the folder "
+                         "that holds papers/ and notebooks/")
+    return root
 
 
 def _results(args, root: Path, write: bool = False) -> Path:
@@ -352,7 +359,7 @@ def cmd_reproduce(args) -> int:
     root = _root(args)
     if args.all == bool(args.papers):
         raise UsageError("give paper ids or --all (not both)")
-    ids = C.paper_ids(root) if args.all else args.papers
+    ids = C.paper_ids(root) if args.all else list(dict.fromkeys(args.papers))  # a paper named twice runs once
     if args.all and not ids:
         raise UsageError(f"no claims files in {root / 'papers'}; give --root the repository that holds papers/*.yaml")
     if not args.all:  # fail fast on a typo before running anything

@@ -107,7 +107,10 @@ def _setup(method, fed, model="mlp", *, rounds=20, clients_per_round=10, local_e
     theta0 = flatten_params(model).to(fed.device)
     groups = method.groups.resolve(param_spec(model))
     rs = RoundSetup(method, fed, cfg, make_loss(model), groups, train_clients_loop)
-    return _Setup(method, fed, model, cfg, make_sampler(clients_per_round, fed.num_clients), theta0, rs)
+    sampler = make_sampler(clients_per_round, fed.num_clients)
+    if hasattr(method.rule, "check_sampler"):  # DP: the sampling its accountant assumes, before round 1
+        method.rule.check_sampler(sampler, fed.num_clients)
+    return _Setup(method, fed, model, cfg, sampler, theta0, rs)
 
 
 # --- server side -------------------------------------------------------------------------------------
@@ -306,11 +309,11 @@ class MethodStrategy(Strategy):
         if int(k) not in set(self.sampled.tolist()):
             raise _refuse(r, who, f"comes from a client not sampled this round (sampled: {sorted(self.sampled.tolist())})")
         bad = [n for n in _METRICS if isinstance(metrics.get(n), bool) or not isinstance(metrics.get(n), (int, float))]
-        bad += [n for n in ("num-examples", "steps", "bytes-up") if n not in bad
-                and not (math.isfinite(metrics[n]) and 0 <= metrics[n] <= _MAX_COUNT)]  # int64 and float32 hold it
+        bad += [n for n in ("num-examples", "steps", "bytes-up") if n not in bad  # whole, and int64 / float32 hold it
+                and not (math.isfinite(metrics[n]) and 0 <= metrics[n] <= _MAX_COUNT and float(metrics[n]).is_integer())]
         if bad or set(metrics) - set(_METRICS):
             raise _refuse(r, f"client {k}", f"has metrics {sorted(metrics)} ({', '.join(f'{n}={metrics.get(n)!r}' for n in bad)}):"
-                          f" it must carry numbers {list(_METRICS)}, the counts finite, >= 0 and <= 2^53")
+                          f" it must carry numbers {list(_METRICS)}, the counts whole numbers >= 0 and <= 2^53")
         entries = {n: np.asarray(a.numpy()) for n, a in m.content["message"].items()}
         return int(k), metrics, entries
 

@@ -13,7 +13,10 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
         if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device={device!r} is not a device; use 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} asked for CUDA, but torch sees no GPU; use device='cpu' or 'auto'")
     return dev
@@ -31,6 +34,16 @@ def rng(*keys: int) -> np.random.Generator:
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+MAX_SEED = 2 ** 63  # numpy's SeedSequence and torch.manual_seed take it; a larger one overflows deep inside
+
+
+def check_seed(value, name: str = "seed") -> int:
+    """A seed: an integer in [0, 2^63), else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < MAX_SEED:
+        raise ValueError(f"{name} must be an integer >= 0 (and < 2^63), got {type(value).__name__} {value!r}; e.g. {name}=0")
     return int(value)
 
 

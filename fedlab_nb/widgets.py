@@ -107,6 +107,8 @@ def run_explorer_config(method: str = "fedavg", dataset: str = "digits", partiti
     fed = federate(ds, partition, n_clients=clients, seed=seed, device=device,
                    **_partition_kwargs(partition, alpha, k))
     algo = get_method(method, mu=mu) if method == "fedprox" else get_method(method)
+    if hasattr(algo.rule, "check_sampler"):  # DP-FedAvg: its accountant must assume the explorer's m of K a round
+        algo = get_method(method, sampling_rate=clients_per_round / clients, sampling="fixed")
     return simulate(algo, fed, model=model, rounds=rounds, clients_per_round=clients_per_round,
                     local_epochs=local_epochs, lr=lr, seed=seed, progress=False,
                     model_kwargs={"hidden": (64, 32)} if model == "mlp" else None)

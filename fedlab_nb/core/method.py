@@ -182,6 +182,18 @@ class ServerSGD:
     lr: float = 1.0
     momentum: float = 0.0
 
+    def __post_init__(self):
+        import math
+        import numbers
+        for name, low in (("lr", None), ("momentum", 0.0)):
+            v = getattr(self, name)
+            ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and \
+                (v > 0 if low is None else v >= low)
+            if not ok:
+                raise ValueError(f"the server's {name} (server_lr / ServerSGD({name}=...)) must be a finite number "
+                                 f"{'> 0' if low is None else '>= 0'}, got {type(v).__name__} {v!r}; e.g. "
+                                 f"{'server_lr=1.0' if low is None else 'momentum=0.9'}")
+
     def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
         return {"v": torch.zeros_like(theta)} if self.momentum else {}
 

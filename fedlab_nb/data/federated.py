@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..utils import resolve_device
+from ..utils import check_seed, resolve_device
 from .datasets import Dataset, load_dataset
 from .partition import Partition, make_partition
 
@@ -184,6 +184,7 @@ def federate(dataset: str | Dataset = "mnist5k", partition: str = "dirichlet", n
              test_fraction: float = 0.2, device="cpu", dataset_kwargs: dict | None = None, **partition_kwargs) -> FederatedDataset:
     """Load (if a name), partition and wrap in one call:
     `federate("mnist5k", "dirichlet", n_clients=20, alpha=0.3, seed=0)`. `natural` uses the data set's groups."""
+    check_seed(seed)
     ds = load_dataset(dataset, **(dataset_kwargs or {})) if isinstance(dataset, str) else dataset
     if partition == "natural":
         if ds.groups_train is None:

@@ -2,11 +2,13 @@
 every process (so `resume=True` works after a crash or a kernel restart)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import pickle
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -56,9 +58,16 @@ def fingerprint(cfg, method, fed, model, sampler=None, attack=None, loss=None, p
 def save_checkpoint(path: Path, obj: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # a kill mid-write leaves the previous checkpoint intact
+    # a fresh temporary file (O_EXCL, random name): a link planted at a predictable name is never written through
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+        os.replace(tmp, path)  # a kill mid-write leaves the previous checkpoint intact
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class CheckpointError(ValueError):

@@ -23,7 +23,7 @@ from ..core.round import DataPoison, ScoredPoison
 from ..core.streams import ATTACK, BATCHES, DOWNLINK, POISON, SAMPLE, STRAGGLE, TRANSFORM
 from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
-from ..utils import check_positive_int, rng
+from ..utils import check_positive_int, check_seed, rng
 from . import batched
 from .checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
@@ -62,7 +62,7 @@ class RunConfig:
         check_positive_int("local_epochs", self.local_epochs)
         check_positive_int("batch_size", self.batch_size)
         check_positive_int("eval_every", self.eval_every)
-        check_positive_int("seed", self.seed, minimum=0)
+        check_seed(self.seed)
         if self.local_steps is not None:
             check_positive_int("local_steps", self.local_steps)
         if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float, np.floating)) or not self.lr > 0:
@@ -464,6 +464,11 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
                     eval_every=eval_every, stragglers=stragglers, drop_stragglers=drop_stragglers, backend=backend,
                     on_nonfinite=on_nonfinite, byzantine=byzantine_ids(byzantine))
     cfg.validate(fed.num_clients)
+    try:
+        torch.device(store_device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"store_device={store_device!r} is not a torch device; use 'cpu' (the default) or "
+                         "e.g. 'cuda'") from None
     if poison is not None:
         check_poison(poison, fed.num_clients)
     if device is not None:
@@ -473,6 +478,8 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     check_model_outputs(model, fed, loss)
     K = fed.num_clients
     sampler = make_sampler(clients_per_round, K)
+    if hasattr(method.rule, "check_sampler"):  # DP: the sampling its accountant assumes, before round 1
+        method.rule.check_sampler(sampler, K)
     groups = method.groups.resolve(param_spec(model))
     backend = choose_backend(cfg, method, model)
     setup = RoundSetup(method, fed, cfg, make_loss(model, loss), groups, kernel(backend), backend=backend, poison=poison)

@@ -173,9 +173,17 @@ def _read_json(path: Path, fix: str):
         raise FigureDataError(f"{path}: not valid JSON ({str(e)[:200]}); {fix}") from None
 
 
+def _finite(v) -> bool:
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:  # an integer beyond a float's range
+        return False
+
+
 def _is_number_list(value, allow_none: bool = True) -> bool:
-    return isinstance(value, list) and all(
-        (v is None and allow_none) or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in value)
+    """A list of finite numbers (None marks a missing point): NaN, inf and 1e999 are no figure data (the notebook's
+    save_figure stores them as null) and could not be written back as strict JSON."""
+    return isinstance(value, list) and all((v is None and allow_none) or _finite(v) for v in value)
 
 
 def _figures_problem(figures) -> str | None:
@@ -250,6 +258,10 @@ def reference_for(reference: dict, cpu: str) -> tuple[dict, str]:
 
 def write_reference(paper_id: str, root, figures: dict, parameters: dict, cpu: str, by_cpu: dict | None = None) -> Path:
     path = reference_path(paper_id, root)
+    base = Path(root).resolve()
+    if not path.parent.resolve().is_relative_to(base):  # papers/figures linked out of the repository
+        raise FigureDataError(f"{path.parent} is a link to {path.parent.resolve()}, outside the repository {base}; "
+                              "fedlab-nb writes references only inside it: replace the link with a folder")
     body = {"paper": paper_id, "scale": "smoke", "parameters": parameters, "cpu": cpu, "figures": figures}
     if by_cpu:
         body["by_cpu"] = by_cpu

@@ -51,8 +51,8 @@ def write_atomic(path, data: str | bytes) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        if isinstance(data, str):
-            Path(tmp).write_text(data, encoding="utf-8")
+        if isinstance(data, str):  # a lone surrogate (a '\\ud800' escape in a result file) becomes '?', not an error
+            Path(tmp).write_text(data, encoding="utf-8", errors="replace")
         else:
             Path(tmp).write_bytes(data)
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; the board and copies are ordinary user files

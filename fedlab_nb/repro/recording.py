@@ -77,11 +77,23 @@ def per_seed_values(value, name: str = "value") -> list:
 
 def write_json_atomic(path: Path, data) -> None:
     """Write JSON through a temporary file and os.replace, so readers never see half a file."""
+    import tempfile
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    # a fresh temporary file (O_EXCL, random name): a link planted at a predictable name is never written through
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        Path(tmp).write_text(text, encoding="utf-8")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; metrics, results and references are ordinary files
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def record(name: str, value) -> None:

@@ -19,6 +19,7 @@ STALE = "stale"  # the board's verdict for a result file that cannot be used
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _NAME = re.compile(r"^(?P<paper>[A-Za-z_][A-Za-z0-9_]*)-(?P<scale>.+)\.json$")
 _FIELDS = {"paper": str, "scale": str, "verdict": str, "claims": list}
+_ROLES = ("headline", "supporting", "check")  # claims.ROLES (results.py imports nothing from claims.py)
 MAX_BYTES = 64 << 20   # a result file is a few kB; anything this large is not one
 MAX_DEPTH = 32         # results nest 4 deep; a 100,000-deep array is an attack, not a result
 # C0/C1 controls (tab and newline are replaced below), the line/paragraph separators U+2028/U+2029, and every
@@ -26,14 +27,15 @@ MAX_DEPTH = 32         # results nest 4 deep; a 100,000-deep array is an attack,
 # U+180E, U+200B-U+200F (zero widths, LRM, RLM), U+202A-U+202E (embeddings, overrides), U+2060-U+206F (word joiner,
 # invisible operators, isolates U+2066-U+2069), U+FEFF, U+FFF9-U+FFFB, U+E0000-U+E007F tags, and the rarer ones
 # (Arabic/Syriac number marks, Kaithi, Egyptian hieroglyph, shorthand and musical format controls)
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
+_CONTROL = re.compile("[\ud800-\udfff\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
                       "\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
                       "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e007f]")
 
 
 def printable(text, limit: int | None = None) -> str:
     """`text` from a file (claims file, result JSON), safe to print on a terminal: control characters (escape
-    sequences, CR, BEL, C1 codes, bidi overrides) are dropped, tabs and newlines become spaces; `limit`
+    sequences, CR, BEL, C1 codes, bidi overrides, and lone surrogates from a '\\ud800' escape, which a UTF-8
+    terminal cannot print) are dropped, tabs and newlines become spaces; `limit`
     shortens it (with '…')."""
     text = _CONTROL.sub("", str(text)).replace("\t", " ").replace("\n", " ")
     return text if limit is None or len(text) <= limit else text[: max(limit - 1, 0)] + "…"
@@ -68,6 +70,12 @@ def read_result(path) -> tuple[dict | None, str | None]:
         return None, "is not a result file (a claim without id / expect / verdict)"
     if not (data.get("metrics") is None or isinstance(data["metrics"], dict)):
         return None, f"is not a result file (field metrics is a {type(data['metrics']).__name__}, not a mapping)"
+    if not (data.get("stale") is None or isinstance(data["stale"], str)):
+        return None, f"is not a result file (field stale is a {type(data['stale']).__name__}, not text)"
+    if not all(c.get("role") is None or c.get("role") in _ROLES for c in data["claims"]):
+        bad = next(c for c in data["claims"] if c.get("role") is not None and c.get("role") not in _ROLES)
+        return None, printable(f"is not a result file (claim {bad['id']!r} has role {bad['role']!r}, not one of "
+                               f"{', '.join(_ROLES)})", 200)
     if not _error_ok(data.get("error")):
         return None, "is not a result file (field error is not a mapping with cell, ename and evalue)"
     if not _counts_ok(data.get("counts")):

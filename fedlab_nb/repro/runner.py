@@ -31,7 +31,7 @@ from .claims import (ERROR, ROOT_ENV, PACKAGE_ROOT, Paper, ReproError, default_r
                      SCALE_NAME, role_counts, headline_verdict, report_values)
 from .files import UnsafePathError, make_folder, publish, refuse_link, run_lock, staging
 from .recording import METRICS_FILE, RUN_DIR_ENV, write_json_atomic
-from .results import StaleResultWarning, file_digest, read_result, safe_output
+from .results import StaleResultWarning, file_digest, printable, read_result, safe_output
 
 KERNEL = "python3"
 _NO_DEFAULT = object()  # a parameter whose default is not a literal: any type accepted
@@ -154,6 +154,9 @@ def check_parameters(parameters: dict, defaults: dict, notebook: Path) -> dict:
             raise ParameterError(f"parameter {name!r} of {notebook.name} is {value!r}: inf and NaN cannot be recorded "
                                  "in parameters.json; give a finite number (e.g. a large one for 'no limit')")
         default = defaults[name]
+        if value is None and default is not _NO_DEFAULT and default is not None:  # -p x '' (or ~, null) is None
+            raise ParameterError(f"parameter {name!r} of {notebook.name} is None (an empty -p value, ~ or null), but its "
+                                 f"default is {_type_family(default)} {default!r}; give a {_type_family(default)} value")
         if default is _NO_DEFAULT or default is None or value is None:
             checked[name] = value
         elif isinstance(default, float) and _type_family(value) == "int":
@@ -187,6 +190,10 @@ def build_parameters(paper: Paper, scale: str, overrides: dict | None, device: s
     check_scale(scale)
     if scale not in paper.scales:
         raise ParameterError(f"paper {paper.id!r} has no scale {scale!r}; scales: {', '.join(paper.scales)}")
+    for name, flag, example in (("scale", "--scale", "paper"), ("device", "--device", "cuda")):
+        if name in (overrides or {}):  # else --scale silently wins over -p scale, and -p device skips the check
+            raise ParameterError(f"-p {name} {printable(repr(overrides[name]), 40)}: the run's {name} is set with "
+                                 f"{flag} (e.g. {flag} {example}), which checks it; drop -p {name}")
     notebook = notebook_path(paper)
     defaults = notebook_parameters(notebook)
     params = dict(paper.scales[scale]["parameters"])

@@ -323,6 +323,34 @@ class DPAggregate:
             raise ValueError(f"an update has norm {float(norms.max()):.4g} > the clip norm {state['clip']:.4g}: DP needs "
                              "every update clipped first; put ClipUpdates in the method's uplink (dp_fedavg does)")
 
+    def check_sampler(self, sampler, num_clients: int) -> None:
+        """Before round 1: refuse a built-in sampler (an int, a fraction or None as clients_per_round, or a
+        Bernoulli sampler of other probabilities) that is not the sampling the accountant assumes, since the ε it
+        reports would not hold for the run. A custom sampler is checked from its round sizes (`_check_sampling`)."""
+        from fedlab_nb.engine.sampling import BernoulliSampler, UniformSampler
+        K, q = int(num_clients), self.sampling_rate
+        if isinstance(sampler, BernoulliSampler):
+            p = np.asarray(sampler.probabilities, dtype=float)
+            same = p.shape == (K,) and bool(np.all(p == q))
+            ok, got = same and (self.sampling == "poisson" or q == 1), "Poisson sampling" + (
+                f" with q={q}" if same else " with other probabilities")
+        elif isinstance(sampler, UniformSampler):
+            m = sampler.clients_per_round or K
+            ok = (self.sampling == "fixed" and m == round(q * K)) or (q == 1 and m == K)
+            got = f"a fixed {m} of the {K} clients every round"
+        else:
+            return
+        if ok:
+            return
+        fix = ("build the sampler with dp_sampler(q, K, sampling) — or dp_fedavg_with_sampler(fed, ...) — and pass it "
+               "as clients_per_round")
+        if self.sampling == "fixed":
+            raise ValueError(f"clients_per_round: sampling='fixed' with q={q} expects exactly {round(q * K)} clients a "
+                             f"round, but the run uses {got}; the reported ε would not hold: {fix}")
+        word = " (a fixed number: use sampling='fixed')" if got.startswith("a fixed") and m == round(q * K) else ""
+        raise ValueError(f"clients_per_round: the rule was built for Poisson sampling with q={q} ({q * K:.1f} clients "
+                         f"a round on average), but the run uses {got}{word}; the reported ε would not hold: {fix}")
+
     def _check_sampling(self, state: dict, m: int):
         """Raise when the round sizes cannot come from this rule's sampling (q, Poisson or fixed)."""
         K, q = state["K"], self.sampling_rate

@@ -201,12 +201,27 @@ class SecAggParams:
     length: int
     bits: int = 32
 
+    def __post_init__(self):
+        for name, low, high in (("threshold", 2, None), ("length", 0, None), ("bits", 2, 64)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low or high is not None and v > high:
+                raise ValueError(f"SecAggParams: {name} must be an integer {'in [2, 64]' if high else f'>= {low}'}, got "
+                                 f"{v!r}" + ("; t = 1 would let the server unmask one user alone" if name == "threshold"
+                                             else ""))
+
+
+def _check_uid(uid, who: str) -> int:
+    """A user id on the wire: an integer in [0, 2^32)."""
+    if isinstance(uid, bool) or not isinstance(uid, (int, np.integer)) or not 0 <= uid < 2 ** 32:
+        raise ValueError(f"{who} must be an integer in [0, 2^32) (a user id on the wire), got {uid!r}")
+    return int(uid)
+
 
 class SecAggClient:
     """One user u. Holds every secret of u: both private keys, b_u, the shares it made and received."""
 
     def __init__(self, uid: int, x: np.ndarray, params: SecAggParams, random: np.random.Generator | None = None):
-        self.uid, self.params, self.x = int(uid), params, _client_input(x, params)
+        self.uid, self.params, self.x = _check_uid(uid, "SecAggClient's uid"), params, _client_input(x, params)
         self._random = random          # None: os.urandom (a deployment); a Generator: a reproducible simulation
         self.seconds = 0.0             # CPU time spent in this client's rounds
 
@@ -219,6 +234,11 @@ class SecAggClient:
             return agree(private, self._keys[v][which], info)
         except ValueError as e:
             raise _abort(f"client {self.uid}", f"user {v}", f"carries a public key X25519 refuses ({e})") from None
+
+    def _after(self, stage: str, attr: str, asked: str) -> None:
+        """An honest client answers a round only after its own previous one: else the server is out of order."""
+        if not hasattr(self, attr):
+            raise _abort(f"client {self.uid}", "the server", f"asks for {asked} before this client ran {stage}")
 
     def advertise_keys(self) -> bytes:
         """Round 0: two fresh X25519 key pairs; send c_u^PK ‖ s_u^PK."""
@@ -254,6 +274,7 @@ class SecAggClient:
 
     def masked_input(self, inbox: bytes) -> bytes:
         """Round 2: y_u = x_u + PRG(b_u) + Σ_{v ∈ U2\\u} Δ_{u,v} PRG(s_{u,v}) mod R, as bytes."""
+        self._after("share_keys", "_index", "MaskedInputCollection")
         self._inbox = dict(_records(f"client {self.uid}", "the server (the inbox)", inbox, NONCE_BYTES + _SHARE_CT))
         strangers = set(self._inbox) - (set(self._keys) - {self.uid})
         if strangers:
@@ -272,6 +293,7 @@ class SecAggClient:
 
     def unmask(self, survivors: bytes) -> bytes:
         """Round 3: for each v ∈ U2 decrypt e_{v,u}; send b_{v,u} if v survived (U3), s^SK_{v,u} if it dropped."""
+        self._after("masked_input", "_u2", "Unmasking")
         u3 = {v for v, _ in _records(f"client {self.uid}", "the server (the survivors)", survivors, 0)}
         if len(u3) < self.params.threshold or not u3 <= set(self._u2):
             raise SecAggAbort(f"client {self.uid}: survivor list has {len(u3)} users (threshold "
@@ -316,7 +338,8 @@ class SecAggServer:
 
     def __init__(self, params: SecAggParams, users=None):
         self.params = params
-        self.users = range(2 ** 32) if users is None else frozenset(int(u) for u in users)   # who may take part
+        self.users = range(2 ** 32) if users is None else frozenset(  # who may take part
+            _check_uid(u, "SecAggServer's users") for u in users)
         self.public_keys: dict[int, bytes] = {}          # u → c_u^PK ‖ s_u^PK
         self.ciphertexts: dict[tuple[int, int], bytes] = {}   # (from u, to v) → nonce ‖ AES-GCM ciphertext
         self.masked: dict[int, np.ndarray] = {}          # u → y_u
@@ -508,6 +531,8 @@ def _check_run(inputs: np.ndarray, threshold, bits: int, ids) -> tuple:
     if not isinstance(threshold, (int, np.integer)) or not 2 <= threshold <= n:
         raise ValueError(f"threshold t must be an integer with 2 <= t <= n (n = {n} clients), got {threshold!r}; "
                          f"t = 1 would let the server unmask one user alone, t > n can never be met")
+    if ids is not None and any(isinstance(u, bool) or not isinstance(u, (int, np.integer)) for u in ids):
+        raise ValueError(f"ids must be {n} distinct integers in [0, 2^32), got {list(ids)!r}")
     ids = tuple(range(n)) if ids is None else tuple(int(u) for u in ids)
     if len(set(ids)) != n or min(ids) < 0 or max(ids) >= 2 ** 32:
         raise ValueError(f"ids must be {n} distinct integers in [0, 2^32), got {ids!r}")
@@ -524,6 +549,8 @@ def _dropout_plan(dropouts, ids) -> dict:
     bad = set(dropouts) - set(STAGES)
     if bad:
         raise ValueError(f"dropouts keys must be stages {STAGES}, got {sorted(bad)}")
+    if any(isinstance(u, bool) or not isinstance(u, (int, np.integer)) for s in STAGES for u in dropouts.get(s, ())):
+        raise ValueError(f"dropouts must name users by their integer ids, got {dropouts!r}")
     plan = {s: {int(u) for u in dropouts.get(s, ())} for s in STAGES}
     unknown = set().union(*plan.values()) - set(ids)
     if unknown:
@@ -540,6 +567,8 @@ def run_protocol(inputs, threshold: int, *, bits: int = 32, dropouts=None, ids=N
     message). Fewer than `threshold` users at any round raises `SecAggAbort` naming t. `seed`: private keys,
     b_u and nonces from `rng(seed, 23, u)` (reproducible); None: from os.urandom."""
     inputs = np.asarray(inputs)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ValueError(f"seed must be an integer >= 0 or None (os.urandom), got {seed!r}")
     ids = _check_run(inputs, threshold, bits, ids)
     plan = _dropout_plan(dropouts, ids)
     params = SecAggParams(int(threshold), inputs.shape[1], int(bits))
@@ -643,10 +672,15 @@ class SecureAggregation(Transform):
         FixedPoint(self.clip, self.scale, self.bits)  # validates
         if self.on_abort not in ("raise", "skip"):
             raise ValueError(f"on_abort must be 'raise' or 'skip', got {self.on_abort!r}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if isinstance(self.threshold, float) and not 0 < self.threshold <= 1:
-            raise ValueError(f"a fractional threshold must be in (0, 1], got {self.threshold!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be a number in [0, 1), got {type(self.dropout).__name__} {self.dropout!r}")
+        t = self.threshold
+        if isinstance(t, (float, np.floating)):
+            if not 0 < t <= 1:
+                raise ValueError(f"a fractional threshold must be in (0, 1], got {t!r}")
+        elif isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 2:
+            raise ValueError(f"threshold must be an integer t >= 2 (t = 1 would let the server unmask one user alone) or "
+                             f"a fraction in (0, 1] of the round's clients, got {type(t).__name__} {t!r}; e.g. 2/3")
         if self.client_sizes is not None:
             self.client_sizes = tuple(_client_size(k, n) for k, n in enumerate(self.client_sizes))
 
@@ -671,8 +705,13 @@ class SecureAggregation(Transform):
         x = np.stack([np.append(fp.quantize(d, wk), np.uint64(wk)) for d, wk in zip(deltas, w)])
         instance = int(torch.randint(2 ** 62, (1,), generator=ctx.generator))
         drop = torch.rand(len(ids), generator=ctx.generator) < self.dropout
+        t = self.round_threshold(len(ids))
         try:
-            res = run_protocol(x, self.round_threshold(len(ids)), bits=self.bits, ids=ids, seed=instance,
+            if len(ids) < t:  # too few clients to start: the protocol aborts (as when too many drop out)
+                raise SecAggAbort(f"secure aggregation: the round has {len(ids)} client(s), fewer than the threshold "
+                                  f"t={t}; the protocol aborts (sample at least {t} clients a round, lower threshold, "
+                                  "or pass on_abort='skip' to leave θ where it is)")
+            res = run_protocol(x, t, bits=self.bits, ids=ids, seed=instance,
                                dropouts=[k for k, d in zip(ids, drop.tolist()) if d])
         except SecAggAbort:
             if self.on_abort == "raise":
