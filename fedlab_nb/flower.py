@@ -47,6 +47,7 @@ from .engine.sampling import check_sampled, make_sampler
 from .engine.server import (NonFiniteUpdateError, RoundSetup, RunConfig, build_model, client_round, downlink, local_job,
                             nan_markers, quiet_round, server_update, uplink, warn_dropped_rounds)
 from .engine.store import ClientStore
+from .core.method import ChecksSampler, declares
 from .methods import Method, RoundInfo, get_method
 from .models import flatten_params, param_spec
 from .utils import rng
@@ -108,7 +109,7 @@ def _setup(method, fed, model="mlp", *, rounds=20, clients_per_round=10, local_e
     groups = method.groups.resolve(param_spec(model))
     rs = RoundSetup(method, fed, cfg, make_loss(model), groups, train_clients_loop)
     sampler = make_sampler(clients_per_round, fed.num_clients)
-    if hasattr(method.rule, "check_sampler"):  # DP: the sampling its accountant assumes, before round 1
+    if declares(method.rule, ChecksSampler):  # DP: the sampling its accountant assumes, before round 1
         method.rule.check_sampler(sampler, fed.num_clients)
     return _Setup(method, fed, model, cfg, sampler, theta0, rs)
 

@@ -19,6 +19,7 @@ from matplotlib.ticker import FuncFormatter
 
 from .data import federate, load_dataset
 from .engine import History, simulate
+from .core.method import ChecksSampler, declares
 from .methods import METHODS, get_method
 
 DATASETS = ("digits", "mnist5k", "mnist1d", "wine", "breast_cancer", "synthetic")
@@ -107,7 +108,7 @@ def run_explorer_config(method: str = "fedavg", dataset: str = "digits", partiti
     fed = federate(ds, partition, n_clients=clients, seed=seed, device=device,
                    **_partition_kwargs(partition, alpha, k))
     algo = get_method(method, mu=mu) if method == "fedprox" else get_method(method)
-    if hasattr(algo.rule, "check_sampler"):  # DP-FedAvg: its accountant must assume the explorer's m of K a round
+    if declares(algo.rule, ChecksSampler):  # DP-FedAvg: its accountant must assume the explorer's m of K a round
         algo = get_method(method, sampling_rate=clients_per_round / clients, sampling="fixed")
     return simulate(algo, fed, model=model, rounds=rounds, clients_per_round=clients_per_round,
                     local_epochs=local_epochs, lr=lr, seed=seed, progress=False,

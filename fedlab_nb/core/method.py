@@ -9,6 +9,8 @@ all K clients, and is handed to the parts as a batch `{name: [m, ...]}` of the r
 is a `Method(...)` of parts, not a subclass tree. This module imports nothing from the engine."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
@@ -83,6 +85,15 @@ class ActsInEmptyRounds(Protocol):
     """A rule that acts in a round without client updates: `empty_rounds = "noise"` releases its noised aggregate
     of Δ = 0 (DP), "metrics" reports its columns only (an accountant); None leaves θ and the row as they are."""
     empty_rounds: str | None
+
+
+@runtime_checkable
+class ChecksSampler(Protocol):
+    """A rule whose guarantee holds only under one client sampling (DP's accountant): `simulate` and `to_flower`
+    call `check_sampler` before round 1, and it raises if the run's sampler is not the one it assumes."""
+
+    def check_sampler(self, sampler, num_clients: int) -> None:
+        """Raise a ValueError naming clients_per_round when `sampler` is not the sampling the rule assumes."""
 
 
 _DECLARED: dict = {}
@@ -183,10 +194,7 @@ class ServerSGD:
     momentum: float = 0.0
 
     def __post_init__(self):
-        import math
-        import numbers
-        for name, low in (("lr", None), ("momentum", 0.0)):
-            v = getattr(self, name)
+        for name, v, low in (("lr", self.lr, None), ("momentum", self.momentum, 0.0)):
             ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and \
                 (v > 0 if low is None else v >= low)
             if not ok:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..core.messages import Messages, TransformContext, dense_bytes
-from ..core.method import ClientUpdate, LocalContext, Method, OwnTraining, RoundInfo
+from ..core.method import ChecksSampler, ClientUpdate, LocalContext, Method, OwnTraining, RoundInfo, declares
 from ..core.optim import client_lr
 from ..core.round import DataPoison, ScoredPoison
 from ..core.streams import ATTACK, BATCHES, DOWNLINK, POISON, SAMPLE, STRAGGLE, TRANSFORM
@@ -478,7 +478,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     check_model_outputs(model, fed, loss)
     K = fed.num_clients
     sampler = make_sampler(clients_per_round, K)
-    if hasattr(method.rule, "check_sampler"):  # DP: the sampling its accountant assumes, before round 1
+    if declares(method.rule, ChecksSampler):  # DP: the sampling its accountant assumes, before round 1
         method.rule.check_sampler(sampler, K)
     groups = method.groups.resolve(param_spec(model))
     backend = choose_backend(cfg, method, model)

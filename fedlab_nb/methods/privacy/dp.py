@@ -327,7 +327,6 @@ class DPAggregate:
         """Before round 1: refuse a built-in sampler (an int, a fraction or None as clients_per_round, or a
         Bernoulli sampler of other probabilities) that is not the sampling the accountant assumes, since the ε it
         reports would not hold for the run. A custom sampler is checked from its round sizes (`_check_sampling`)."""
-        from fedlab_nb.engine.sampling import BernoulliSampler, UniformSampler
         K, q = int(num_clients), self.sampling_rate
         if isinstance(sampler, BernoulliSampler):
             p = np.asarray(sampler.probabilities, dtype=float)
