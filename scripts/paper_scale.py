@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fedlab_nb.repro.claims import load_paper, paper_ids  # noqa: E402
+from fedlab_nb.repro.report import paper_scale_label  # noqa: E402
 from fedlab_nb.repro.results import read_result  # noqa: E402
 from fedlab_nb.repro.runner import QUICK  # noqa: E402
 
@@ -50,7 +51,10 @@ def _result_text(result: dict | None) -> str:
     if result is None:
         return "—"
     minutes = (result.get("wall_seconds") or 0) / 60
-    return f"{result['verdict']} ({minutes:.1f} min, {result.get('cpu') or 'CPU'}, commit {(result.get('git_commit') or '?')[:7]})"
+    sized = [c["id"] for c in result.get("claims") or [] if c.get("at_paper_size")]
+    smoke = any(c.get("at_paper_size") is False for c in result.get("claims") or [])
+    part = f"; at the paper's size: {', '.join(sized)}" if smoke else ""
+    return f"{paper_scale_label(result)} ({minutes:.1f} min{part}, {result.get('cpu') or 'CPU'}, commit {(result.get('git_commit') or '?')[:7]})"
 
 
 def table(root: Path = ROOT) -> str:

@@ -108,3 +108,38 @@ def test_no_claims_file_passes_a_stand_in_off_as_the_paper():
         paper = load_paper(pid, ROOT)
         if "paper" in paper.scales:
             assert paper.paper_scale["status"] in ("runs here", "needs a GPU"), pid
+
+
+def test_paper_sized_names_claims_of_the_file_and_marks_the_rest_smoke_sized(tmp_path):
+    """`paper_scale.paper_sized`: the claims that run at the paper's own size; a paper-scale result whose headline
+    claims are all outside it says its verdict is the smoke-sized headline's (board and table)."""
+    import shutil
+    import yaml
+    from fedlab_nb.repro.claims import ClaimsFileError, load_paper
+    from fedlab_nb.repro.report import paper_scale_label, paper_scale_text
+    root = tmp_path / "root"
+    shutil.copytree(ROOT / "tests" / "data" / "tinyroot", root)
+    path = root / "papers" / "tiny.yaml"
+    data = yaml.safe_load(path.read_text())
+    ids = [c["id"] for c in data["claims"]]
+    base = {"setting": "the value 2", "data": "none", "status": "needs a GPU"}
+    for bad, match in (([], "non-empty list"), ("x", "non-empty list"), ([3], "non-empty list"),
+                       (["nope"], "names 'nope' \\(no such claim\\)"), ([ids[0], ids[0]], "twice")):
+        data["paper_scale"] = {**base, "paper_sized": bad}
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        with pytest.raises(ClaimsFileError, match=f"paper_scale.paper_sized.*{match}"):
+            load_paper("tiny", root)
+    data["paper_scale"] = {**base, "paper_sized": ids[:1]}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert load_paper("tiny", root).paper_scale["paper_sized"] == ids[:1]
+
+    head = {"id": "h", "role": "headline", "expect": "> 0", "verdict": C.REPRODUCED, "ours": 1.0, "paper_value": None}
+    sized = {"verdict": C.REPRODUCED, "claims": [dict(head, at_paper_size=True)]}
+    smoke = {"verdict": C.REPRODUCED, "claims": [dict(head, at_paper_size=False),
+                                                 dict(head, id="s", role="check", at_paper_size=True)]}
+    older = {"verdict": C.REPRODUCED, "claims": [head]}  # stored before the field: every claim was paper-sized
+    assert paper_scale_label(sized) == paper_scale_label(older) == C.REPRODUCED
+    assert paper_scale_label(smoke) == f"{C.REPRODUCED} — headline claims at smoke size"
+    assert "h [smoke size]: ours" in paper_scale_text({"paper_scale_result": smoke})
+    assert "at the paper's size: s" in paper_scale._result_text(smoke)
+    assert "at the paper's size" not in paper_scale._result_text(older)

@@ -185,7 +185,7 @@ _SCALE = ("device", "seconds", "parameters", "note")
 _CLAIM = ("id", "role", "text", "metric", "range", "expect", "partial", "paper_value", "paper_note", "setting",
           "verdict", "note", "seeds", "confidence", "also_seen")
 _REPORT = ("id", "text", "metric", "range", "note", "paper_value", "seeds")
-_PAPER_SCALE = ("setting", "data", "status", "estimate", "note")
+_PAPER_SCALE = ("setting", "data", "status", "estimate", "note", "paper_sized")
 PAPER_SCALE_STATUS = ("runs here", "needs a GPU", "needs data", "no experiment")
 _SETTING = ("paper", "ours")
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
@@ -377,12 +377,15 @@ def _report_rows(c: _Checker, raw, taken: set) -> tuple:
     return tuple(rows)
 
 
-def _paper_scale(c: _Checker, raw, scales: dict) -> dict | None:
-    """`paper_scale: {setting, data, status, estimate, note}`: the paper's own experiment and whether it runs here.
-    'runs here' needs a `paper` scale on the CPU; a stand-in runs under `paper-substitute`, never under `paper`."""
+def _paper_scale(c: _Checker, raw, scales: dict, ids: set) -> dict | None:
+    """`paper_scale: {setting, data, status, estimate, note, paper_sized}`: the paper's own experiment and whether it
+    runs here. 'runs here' needs a `paper` scale on the CPU; a stand-in runs under `paper-substitute`, never under
+    `paper`. `paper_sized` lists the claims and report rows that run at the paper's own size under scale `paper`
+    (absent: all of them); the others run at their smoke setting there, and tables say so."""
     if raw is None:
         return None
-    c.mapping(raw, "paper_scale", _PAPER_SCALE, optional=("estimate", "note"))
+    c.mapping(raw, "paper_scale", _PAPER_SCALE, optional=("estimate", "note", "paper_sized"))
+    _paper_sized(c, raw.get("paper_sized", ...), ids)
     for key in ("setting", "data", "status"):
         text = c.value(raw, key, f"paper_scale.{key}", (str,), "a string")
         if not text.strip():
@@ -398,6 +401,19 @@ def _paper_scale(c: _Checker, raw, scales: dict) -> dict | None:
         c.fail("scales.paper.device", f"is {(scales.get('paper') or {}).get('device')!r} while paper_scale.status is "
                "'runs here'", "'cpu': the paper's own setting runs on this machine's CPU")
     return dict(raw)
+
+
+def _paper_sized(c: _Checker, raw, ids: set) -> None:
+    """`paper_scale.paper_sized`: a non-empty list of distinct claim / report ids of this file."""
+    if raw is ...:
+        return
+    if not isinstance(raw, list) or not raw or not all(isinstance(i, str) for i in raw):
+        c.fail("paper_scale.paper_sized", f"is {raw!r}", "a non-empty list of claim or report ids (leave it out when "
+               "every claim runs at the paper's size)")
+    for cid in raw:
+        if cid not in ids or raw.count(cid) > 1:
+            c.fail("paper_scale.paper_sized", f"names {cid!r} " + ("twice" if cid in ids else "(no such claim)"),
+                   "ids from this file's claims and report rows, each once")
 
 
 def _figure_tolerance(c: _Checker, raw) -> dict | None:
@@ -562,12 +578,14 @@ def load_claims(path: Path | str) -> Paper:
         c.fail("claims", f"has {n_headlines} claims with 'role: headline'", f"1 to {MAX_HEADLINES}: what the paper's "
                "abstract or introduction claims (the paper's verdict comes from its headline claims)")
     implementation, sources = _implementation(c, data)
+    report = _report_rows(c, data.get("report"), seen)
+    ids = {claim.id for claim in claims} | {row.id for row in report}
     return Paper(id=pid, method=text_fields["method"], paper=dict(paper), seed_quote=text_fields["seed_quote"],
                  code=code, notebook=text_fields["notebook"], scales=scales, claims=tuple(claims), path=path,
                  requires=tuple(c.value(data, "requires", "requires", (list,), "a list of module names", True) or ()),
                  figure_tolerance=_figure_tolerance(c, data.get("figure_tolerance")),
-                 implementation=implementation, sources=sources, report=_report_rows(c, data.get("report"), seen),
-                 paper_scale=_paper_scale(c, data.get("paper_scale"), scales))
+                 implementation=implementation, sources=sources, report=report,
+                 paper_scale=_paper_scale(c, data.get("paper_scale"), scales, ids))
 
 
 def _check_notebook_path(c: _Checker, notebook: str) -> None:

@@ -40,8 +40,22 @@ def paper_scale_text(result: dict) -> str:
     if not stored:
         return "—"
     heads = [c for c in stored.get("claims") or [] if c.get("role") == HEADLINE]
-    pairs = "; ".join(f"{c['id']}: ours {ours(c)} vs paper {_paper_number(c)}" for c in heads)
-    return f"{verdict_label(stored)} ({pairs})" if pairs else verdict_label(stored)
+    pairs = "; ".join(f"{c['id']}{_SMOKE_SIZED if c.get('at_paper_size') is False else ''}: ours {ours(c)} vs "
+                      f"paper {_paper_number(c)}" for c in heads)
+    label = paper_scale_label(stored)
+    return f"{label} ({pairs})" if pairs else label
+
+
+_SMOKE_SIZED = " [smoke size]"
+
+
+def paper_scale_label(stored: dict) -> str:
+    """A paper-scale result's verdict; when none of its headline claims ran at the paper's own size (the claims
+    file's `paper_scale.paper_sized`), it says so: that verdict is the smoke-sized headline's."""
+    heads = [c for c in stored.get("claims") or [] if c.get("role") == HEADLINE]
+    if heads and all(c.get("at_paper_size") is False for c in heads):
+        return f"{verdict_label(stored)} — headline claims at smoke size"
+    return verdict_label(stored)
 
 
 def fmt(value) -> str:

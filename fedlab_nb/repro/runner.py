@@ -540,6 +540,7 @@ def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict,
     test suite's single nbval execution of each notebook."""
     refuse_quick(params, f"{paper.id} ({scale})")
     rows, root, path = [], paper.root, result_path(paper.id, scale, out_dir)
+    sized = (paper.paper_scale or {}).get("paper_sized")  # None: every claim runs at the paper's size
     for claim in paper.claims:
         summary = None
         if run["error"]:
@@ -551,7 +552,8 @@ def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict,
                      "paper_value": claim.paper_value, "paper_note": claim.paper_note, "setting": claim.setting,
                      "ours": run["metrics"].get(claim.metric), "verdict": verdict, "reason": reason,
                      "stored_verdict": claim.verdict, "also_seen": claim.also_seen, "seeds": claim.seeds,
-                     "interval": summary, "note": claim.note})
+                     "interval": summary, "note": claim.note,
+                     "at_paper_size": (sized is None or claim.id in sized) if scale == "paper" else None})
     run_dir = Path(run["run_dir"])
     result = {
         "paper": paper.id, "method": paper.method, "title": paper.paper.get("title"), "scale": scale,
