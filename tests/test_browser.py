@@ -290,9 +290,42 @@ def test_notebook_runs_in_jupyterlab_and_the_explorer_redraws(lab):
         handle.press("ArrowLeft")
         _wait_for_new_plot(page, after_dropdown, 90)
         page.locator(".widget-vbox:has(.widget-output)").last.screenshot(path=str(SHOTS / "explorer.png"))
+        _every_method_in_the_explorer(page, handle)
         browser.close()
     serious = [e for e in errors if "favicon" not in e]
     assert not serious, f"JavaScript console errors: {serious[:5]}"
+
+
+def _every_method_in_the_explorer(page, rounds_handle):
+    """Issue 44 item 2 in the browser: each method the dropdown offers runs and redraws (at 1 round, so the
+    sweep stays short), and none leaves the status saying it is running or showing an error."""
+    rounds_handle.focus()
+    rounds_handle.press("Home")  # the slider's minimum: one round
+    _wait_for_status(page)
+    method = page.locator(".widget-dropdown:has(label:text-is('method')) select")
+    options = method.locator("option").all_inner_texts()
+    assert len(options) >= 40, f"the explorer offers only {len(options)} methods"
+    failed = []
+    for name in [o for o in options if o != method.input_value()]:
+        before = _image_sources(page, ".widget-output img")
+        method.select_option(name)
+        status = _wait_for_status(page, before)
+        if "final test acc" not in status:
+            failed.append(f"{name}: {status[:200]}")
+    page.locator(".widget-vbox:has(.widget-output)").last.screenshot(path=str(SHOTS / "explorer_last_method.png"))
+    assert not failed, f"{len(failed)} of {len(options)} methods did not run in the explorer: {failed[:5]}"
+
+
+def _wait_for_status(page, before: list[str] | None = None, timeout_s: float = 60) -> str:
+    """The explorer's status once a run has finished (a new plot, or an error shown in place of one)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        text = page.locator(".widget-hbox:has(.widget-button) .widget-html").last.inner_text()
+        redrawn = before is None or _image_sources(page, ".widget-output img") != before
+        if "running" not in text and (redrawn or "final test acc" not in text):
+            return text
+        time.sleep(0.2)
+    pytest.fail(f"the explorer still shows {text!r} after {timeout_s:.0f} s (a hang, not an error message)")
 
 
 def _wait_for_new_plot(page, before: list[str], timeout_s: float) -> list[str]:
