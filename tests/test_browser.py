@@ -297,11 +297,14 @@ def test_notebook_runs_in_jupyterlab_and_the_explorer_redraws(lab):
 
 
 def _every_method_in_the_explorer(page, rounds_handle):
-    """Issue 44 item 2 in the browser: each method the dropdown offers runs and redraws (at 1 round, so the
+    """Issue 44 item 2 in the browser: each method the dropdown offers runs and redraws (at 2 rounds, so the
     sweep stays short), and none leaves the status saying it is running or showing an error."""
     rounds_handle.focus()
-    rounds_handle.press("Home")  # the slider's minimum: one round
+    rounds_handle.press("Home")  # the slider's minimum, then one more: two rounds draw a line
     _wait_for_status(page)
+    before = _image_sources(page, ".widget-output img")
+    rounds_handle.press("ArrowRight")
+    _wait_for_status(page, before)
     method = page.locator(".widget-dropdown:has(label:text-is('method')) select")
     options = method.locator("option").all_inner_texts()
     assert len(options) >= 40, f"the explorer offers only {len(options)} methods"
