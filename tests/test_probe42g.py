@@ -102,7 +102,6 @@ def test_qffl_huge_q_ends_in_a_named_server_error_not_a_client_blame(fed10):
         assert torch.isfinite(h.theta).all()
 
 
-@F(5, "load_adult: max_train < 1 silently drops rows or empties the train set; bad types are bare errors")
 # ================================================================================ load_adult (new parameters)
 @pytest.mark.parametrize("kw, name", [(dict(group_by=["sex"]), "group_by"), (dict(min_group_size="x"), "min_group_size"),
                                       (dict(min_group_size=-1), "min_group_size"), (dict(max_train=-5), "max_train"),
