@@ -122,7 +122,6 @@ def _run(seed, **config):
     return {"acc": float(seed)}
 
 
-@F(6, "studies.grid: seeds '12' run seeds 1 and 2, 1.9 becomes 1, True 1; 5 and 'a' are bare errors")
 @pytest.mark.parametrize("seeds", ["12", [1.9, 2.2], [True, 0], 5, ["a"], [float("nan")]],
                          ids=["str", "floats", "bool", "int", "str list", "nan"])
 def test_grid_bad_seeds_are_refused_naming_them(seeds):
@@ -131,7 +130,6 @@ def test_grid_bad_seeds_are_refused_naming_them(seeds):
         studies.grid(_run, [{}], seeds)
 
 
-@F(7, "studies.grid: a returned 'seed' or configuration key silently relabels the row")
 @pytest.mark.parametrize("returned", [{"seed": 99, "acc": 1.0}, {"lr": 99.0}], ids=["seed", "config key"])
 def test_grid_refuses_a_result_that_overwrites_the_rows_labels(returned):
     """now: the returned value silently replaces the row's seed (or configuration) column: rows are mislabelled
@@ -140,7 +138,6 @@ def test_grid_refuses_a_result_that_overwrites_the_rows_labels(returned):
         studies.grid(lambda seed, lr: returned, [{"lr": 0.1}], [0])
 
 
-@F(8, "studies.grid: configs that are not mappings, a run that is not callable: bare TypeErrors")
 @pytest.mark.parametrize("args, name", [((_run, {"lr": [0.1]}, [0]), "configs"), ((_run, ["ab"], [0]), "configs"),
                                         ((5, [{}], [0]), "run")],
                          ids=["configs a dict of axes", "configs strings", "run not callable"])
@@ -150,14 +147,12 @@ def test_grid_bad_configs_or_run_are_named(args, name):
         studies.grid(*args)
 
 
-@F(8, "studies.grid: a setup that is not callable or returns no mapping: bare TypeError")
 @pytest.mark.parametrize("setup", [lambda s: None, lambda s: [1, 2], {"fed": 1}], ids=["None", "list", "not callable"])
 def test_grid_bad_setup_is_named(setup):
     with pytest.raises((TypeError, ValueError), match="setup"):
         studies.grid(_run, [{}], [0], setup=setup)
 
 
-@F(9, "studies.paired / per_seed: an unknown column is a bare KeyError")
 @pytest.mark.parametrize("call", ["paired metric", "paired by", "paired where", "per_seed metric", "per_seed by"])
 def test_paired_and_per_seed_name_an_unknown_column(call):
     """now: bare KeyError 'nope' from pandas."""
