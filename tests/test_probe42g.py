@@ -176,7 +176,6 @@ def test_grid_and_product_accepted_forms_still_work():  # held
     assert studies.paired(frame, "acc", by="lr", a=0.2, b=0.1).tolist() == [0.0, 0.0]
 
 
-@F(10, "a custom sampler with Poisson-looking round sizes but always the same clients passes the DP sampler check")
 # ================================================================================ DP: the sampler the accountant assumes
 def test_dp_custom_sampler_that_always_picks_the_same_clients_is_refused(fed10):
     """Binomial(K, q) clients a round, but always the lowest ids: the round sizes look Poisson (the only check of
