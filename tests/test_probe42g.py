@@ -240,7 +240,6 @@ def test_list_strips_an_escape_in_an_unknown_field_name(tmp_path):  # held
 
 
 # ================================================================================ known LOW items from probe 42f
-@KNOWN("the expectation parser reads non-ASCII digits ('> ١' is '> 1')")
 @pytest.mark.parametrize("expect", ["> ١", "within ５ of 1", "> 1e١"])
 def test_claims_expectation_with_non_ascii_digits_is_refused_naming_the_claim(tmp_path, expect):
     root = root_copy(tmp_path, lambda t: t.replace('expect: ">= 10"', f'expect: "{expect}"'))

@@ -219,11 +219,11 @@ class _Checker:
             self.fail(where, f"is {value!r}", expected)
         return value
 
-    def expectation(self, text, where: str) -> Expectation:
+    def expectation(self, text, where: str, claim: str | None = None) -> Expectation:
         try:
             return parse_expectation(text)
         except ExpectationError as e:
-            self.fail(where, f"cannot be parsed ({e})", "e.g. '< 1e-6', '> fedavg_acc + 0.02', "
+            self.fail(where, ("" if claim is None else f"of claim {claim!r} ") + f"cannot be parsed ({e})", "e.g. '< 1e-6', '> fedavg_acc + 0.02', "
                       "'within 0.05 of 0.91', 'between 0.4 and 0.6'")
 
 
@@ -537,8 +537,8 @@ def load_claims(path: Path | str) -> Paper:
         seeds, confidence = _seed_fields(c, entry, where)
         role, paper_note, setting = _role_fields(c, entry, where, seeds)
         span = _range(c, entry, where, metric)
-        expect = c.expectation(entry["expect"], f"{where}.expect")
-        partial = None if entry.get("partial") is None else c.expectation(entry["partial"], f"{where}.partial")
+        expect = c.expectation(entry["expect"], f"{where}.expect", cid)
+        partial = None if entry.get("partial") is None else c.expectation(entry["partial"], f"{where}.partial", cid)
         for field_name, e in (("expect", expect), ("partial", partial)):
             _can_fail(c, e, f"{where}.{field_name}", span)
             _not_self_referential(c, e, f"{where}.{field_name}", metric)
