@@ -248,7 +248,6 @@ def test_claims_expectation_with_non_ascii_digits_is_refused_naming_the_claim(tm
     assert len([line for line in err.splitlines() if "tiny" in line]) == 1, err
 
 
-@KNOWN("a papers/*.yaml that is a link to /dev/zero is reported as an unknown paper")
 @pytest.mark.parametrize("cmd", [["list"], ["params", "zero"], ["run", "zero"]])
 def test_a_claims_file_that_is_not_a_regular_file_is_named(tmp_path, cmd):
     root = root_copy(tmp_path)

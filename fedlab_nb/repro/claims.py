@@ -155,6 +155,9 @@ def claims_path(paper_id: str, root: Path | None = None) -> Path:
     check_paper_id(paper_id)
     root = Path(root or default_root())
     path = root / "papers" / f"{paper_id}.yaml"
+    if path.exists() and not path.is_file():  # a link to /dev/zero, a FIFO, a folder: not "unknown"
+        raise ClaimsFileError(f"{path}: not a regular file (a device, a FIFO or a folder, perhaps through a link), so "
+                              "it is not read as a claims file; replace it with the paper's YAML or remove it")
     if not path.is_file():
         known = paper_ids(root)
         close = difflib.get_close_matches(paper_id, known, n=3)
@@ -437,12 +440,25 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _read_regular(path: Path, limit: int) -> bytes:
+    """At most limit + 1 bytes of `path`, a regular file (opened without blocking: a FIFO or a device that
+    took its place is refused, not read until memory runs out)."""
+    import stat
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ClaimsFileError(f"{path}: not a regular file (a device, a FIFO or a folder, perhaps through a "
+                                  "link), so it is not read as a claims file; replace it with the paper's YAML or "
+                                  "remove it")
+        return f.read(limit + 1)
+
+
 def read_yaml(path: Path):
     """The claims file's YAML (strict: no duplicate keys, no aliases, at most MAX_CLAIMS_BYTES)."""
     try:
-        raw = path.read_bytes()
+        raw = _read_regular(path, MAX_CLAIMS_BYTES)
         if len(raw) > MAX_CLAIMS_BYTES:
-            raise ClaimsFileError(f"{path}: {len(raw)} bytes; a claims file may hold at most {MAX_CLAIMS_BYTES}")
+            raise ClaimsFileError(f"{path}: over {MAX_CLAIMS_BYTES} bytes; a claims file may hold at most {MAX_CLAIMS_BYTES}")
         return yaml.load(raw.decode("utf-8"), Loader=_StrictLoader)  # noqa: S506 -- a SafeLoader subclass
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
