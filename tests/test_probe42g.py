@@ -255,3 +255,89 @@ def test_a_claims_file_that_is_not_a_regular_file_is_named(tmp_path, cmd):
     rc, out, err = cli(["--root", root, "--results", tmp_path / "res"] + cmd)
     assert rc in (1, 2) and "zero.yaml" in err and "not a regular file" in err and "unknown paper" not in err, (rc, err)
     assert "Traceback" not in err
+
+
+# ================================================================================ paper-scale store (scripts/paper_scale.py)
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+
+
+def _store_module():
+    import importlib.util
+    from probes import REPO
+    spec = importlib.util.spec_from_file_location("paper_scale", REPO / "scripts" / "paper_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def store_setup(tmp_path, figures=(), pid="tiny"):
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    results.mkdir(exist_ok=True)
+    result = {"paper": "tiny", "scale": "paper", "verdict": "reproduced", "error": None, "figures": list(figures),
+              "figure_data": [], "claims": [{"id": "value_positive", "verdict": "reproduced", "expect": "> 0"}],
+              "parameters": {"value": 2.0}}
+    (results / f"{pid}-paper.json").write_text(json.dumps(result))
+    return root, results
+
+
+@F(12, "paper_scale.py store accepts a paper id that is a path and deletes a folder outside papers/paper_scale")
+def test_store_refuses_a_paper_id_that_is_a_path(tmp_path):
+    """now: store('../../victim') deletes <root>/victim (rmtree of papers/paper_scale/../../victim)."""
+    root, results = store_setup(tmp_path)
+    victim = root / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("precious")
+    (root / "papers" / "paper_scale").mkdir()  # as in the repository
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    results = results.rename(tmp_path / "a" / "b" / "results")
+    (tmp_path / "a" / "victim-paper.json").write_text((results / "tiny-paper.json").read_text())  # results/../../
+    with pytest.raises((SystemExit, ValueError), match="victim"):
+        _store_module().store("../../victim", results, root)
+    assert (victim / "keep.txt").read_text() == "precious"
+
+
+@F(13, "paper_scale.py store copies any file a result names as a figure (absolute, ../, a link out) into the repository")
+@pytest.mark.parametrize("where", ["absolute", "dotdot", "link out"])
+def test_store_copies_only_figures_inside_the_results_folder(tmp_path, where):
+    """A result file names its figures: now any path is copied into papers/paper_scale/ (and then committed)."""
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(PNG + b"secret")
+    name = {"absolute": str(secret), "dotdot": "../secret.png", "link out": "tiny-paper/leak.png"}[where]
+    root, results = store_setup(tmp_path, [name])
+    if where == "link out":
+        (results / "tiny-paper").mkdir()
+        (results / "tiny-paper" / "leak.png").symlink_to(secret)
+    with pytest.raises((SystemExit, ValueError), match="secret.png|leak.png"):
+        _store_module().store("tiny", results, root)
+    stored = root / "papers" / "paper_scale" / "tiny"
+    assert not stored.exists() or not any(b"secret" in p.read_bytes() for p in stored.iterdir())
+
+
+@F(14, "paper_scale.py store writes through a link at papers/paper_scale/ID.json; a linked ID/ folder is a bare FileExistsError")
+@pytest.mark.parametrize("what", ["result file", "figures folder"])
+def test_store_does_not_write_or_delete_through_a_link_in_papers(tmp_path, what):
+    """A cloned repository can hold symbolic links: now papers/paper_scale/tiny.json -> victim is overwritten, and
+    a linked papers/paper_scale/tiny/ ends in a bare FileExistsError."""
+    root, results = store_setup(tmp_path)
+    store = root / "papers" / "paper_scale"
+    store.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    if what == "result file":
+        victim.write_text("precious")
+        (store / "tiny.json").symlink_to(victim)
+    else:
+        victim.mkdir()
+        (victim / "keep.txt").write_text("precious")
+        (store / "tiny").symlink_to(victim)
+    with pytest.raises((SystemExit, ValueError), match="link"):
+        _store_module().store("tiny", results, root)
+    assert (victim.read_text() if what == "result file" else (victim / "keep.txt").read_text()) == "precious"
+
+
+def test_store_keeps_figures_inside_the_results_folder(tmp_path):  # held: the ordinary case still works
+    root, results = store_setup(tmp_path, ["tiny-paper/main.png"])
+    (results / "tiny-paper").mkdir()
+    (results / "tiny-paper" / "main.png").write_bytes(PNG)
+    path = _store_module().store("tiny", results, root)
+    assert json.loads(path.read_text())["figures"] == ["tiny/main.png"]
+    assert (root / "papers" / "paper_scale" / "tiny" / "main.png").read_bytes() == PNG
