@@ -280,7 +280,6 @@ def store_setup(tmp_path, figures=(), pid="tiny"):
     return root, results
 
 
-@F(12, "paper_scale.py store accepts a paper id that is a path and deletes a folder outside papers/paper_scale")
 def test_store_refuses_a_paper_id_that_is_a_path(tmp_path):
     """now: store('../../victim') deletes <root>/victim (rmtree of papers/paper_scale/../../victim)."""
     root, results = store_setup(tmp_path)
@@ -296,7 +295,6 @@ def test_store_refuses_a_paper_id_that_is_a_path(tmp_path):
     assert (victim / "keep.txt").read_text() == "precious"
 
 
-@F(13, "paper_scale.py store copies any file a result names as a figure (absolute, ../, a link out) into the repository")
 @pytest.mark.parametrize("where", ["absolute", "dotdot", "link out"])
 def test_store_copies_only_figures_inside_the_results_folder(tmp_path, where):
     """A result file names its figures: now any path is copied into papers/paper_scale/ (and then committed)."""
@@ -313,7 +311,6 @@ def test_store_copies_only_figures_inside_the_results_folder(tmp_path, where):
     assert not stored.exists() or not any(b"secret" in p.read_bytes() for p in stored.iterdir())
 
 
-@F(14, "paper_scale.py store writes through a link at papers/paper_scale/ID.json; a linked ID/ folder is a bare FileExistsError")
 @pytest.mark.parametrize("what", ["result file", "figures folder"])
 def test_store_does_not_write_or_delete_through_a_link_in_papers(tmp_path, what):
     """A cloned repository can hold symbolic links: now papers/paper_scale/tiny.json -> victim is overwritten, and
