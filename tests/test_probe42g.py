@@ -338,3 +338,34 @@ def test_store_keeps_figures_inside_the_results_folder(tmp_path):  # held: the o
     path = _store_module().store("tiny", results, root)
     assert json.loads(path.read_text())["figures"] == ["tiny/main.png"]
     assert (root / "papers" / "paper_scale" / "tiny" / "main.png").read_bytes() == PNG
+
+
+# ================================================================================ Flower: the run config
+class _GridReached(Exception):
+    pass
+
+
+class _StopGrid:
+    def __getattr__(self, name):
+        raise _GridReached(name)
+
+
+def _flower_main(fed, rounds_value):
+    from types import SimpleNamespace
+    pytest.importorskip("flwr")
+    from fedlab_nb.flower import _server_app, _setup
+    app = _server_app(_setup("fedavg", fed, "logreg", rounds=2, clients_per_round=2), lambda h: None, 5)
+    app._main(_StopGrid(), SimpleNamespace(run_config={"num-server-rounds": rounds_value}))
+
+
+@F(15, "flwr run --run-config num-server-rounds: 1.9 and True run 1 round, 0 and -3 run none, 'abc' and nan are bare int() errors")
+@pytest.mark.parametrize("value", [1.9, True, 0, -3, "abc", float("nan")])
+def test_flower_num_server_rounds_is_checked_naming_it(fed10, value):
+    with pytest.raises(ValueError, match="num-server-rounds"):
+        _flower_main(fed10, value)
+
+
+@pytest.mark.parametrize("value", [2, "2"])
+def test_flower_num_server_rounds_whole_number_runs(fed10, value):  # held: reaches the grid
+    with pytest.raises(_GridReached):
+        _flower_main(fed10, value)
