@@ -195,6 +195,17 @@ def test_dp_custom_poisson_sampler_still_runs(fed10):  # held: a fair custom sam
     assert np.isfinite(h["epsilon"]).all()
 
 
+@F(16, "drop_stragglers=True with DP: clients dropped after sampling make the fixed-sampling check blame the sampler the user built with dp_sampler; Poisson runs with round sizes its checks do not expect")
+@pytest.mark.parametrize("sampling", ["fixed", "poisson"])
+def test_dp_with_drop_stragglers_is_refused_naming_it(fed10, sampling):
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.3,
+                                             sampling=sampling)
+    with pytest.raises(ValueError, match="drop_stragglers"):
+        fl.simulate(method, fed10, rounds=3, clients_per_round=sampler, seed=0, stragglers=0.5, drop_stragglers=True,
+                    **KW)
+
+
 # ================================================================================ CLI and files
 def test_lab_ip_is_checked_and_never_printed_raw(tmp_path):
     """now: any --ip text is accepted and printed raw in the command line (an ESC sequence reaches the terminal)."""
