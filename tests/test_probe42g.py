@@ -176,7 +176,6 @@ def test_grid_and_product_accepted_forms_still_work():  # held
     assert studies.paired(frame, "acc", by="lr", a=0.2, b=0.1).tolist() == [0.0, 0.0]
 
 
-@F(17, "engine.seeds.simulate_seeds: seeds '12' run seeds 1 and 2, 1.9 becomes seed 1")
 @pytest.mark.parametrize("seeds", ["12", [1.9, 2.2], [True, False]], ids=["str", "floats", "bools"])
 def test_simulate_seeds_refuses_seeds_that_are_not_whole_numbers(fed10, seeds):
     from fedlab_nb.engine.seeds import simulate_seeds
