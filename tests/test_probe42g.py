@@ -212,6 +212,16 @@ def test_dp_with_drop_stragglers_is_refused_naming_it(fed10, sampling):
                     **KW)
 
 
+@pytest.mark.parametrize("args, name", [((torch.tensor(0.1), 1.0, 5, 1e-5), "q"), ((0.1, np.array(1.0), 5, 1e-5), "noise"),
+                                        ((0.1, 1.0, 5.0, 1e-5), "steps"), ((0.1, 1.0, 5, 1e-5, "RDP"), "accountant"),
+                                        ((0.1, 1.0, 5, 1e-5, "rdp", None), "sampling")],
+                         ids=["q tensor", "z array", "steps 5.0", "accountant RDP", "sampling None"])
+def test_accountant_refuses_more_input_types_naming_them(args, name):  # held
+    from fedlab_nb.methods.privacy import accounting as A
+    with pytest.raises((TypeError, ValueError), match=name):
+        A.epsilon(*args)
+
+
 # ================================================================================ CLI and files
 def test_lab_ip_is_checked_and_never_printed_raw(tmp_path):
     """now: any --ip text is accepted and printed raw in the command line (an ESC sequence reaches the terminal)."""
