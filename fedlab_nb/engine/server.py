@@ -492,10 +492,6 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     K = fed.num_clients
     sampler = make_sampler(clients_per_round, K)
     if declares(method.rule, ChecksSampler):  # DP: the sampling its accountant assumes, before round 1
-        if cfg.drop_stragglers and cfg.stragglers:
-            raise ValueError(f"drop_stragglers=True drops sampled clients after the sampler drew them, so {method.name}'s "
-                             "accountant and its sampler checks would see other round sizes than its sampling gives; "
-                             "run it with drop_stragglers=False (stragglers then send their partial work)")
         method.rule.check_sampler(sampler, K)
     groups = method.groups.resolve(param_spec(model))
     backend = choose_backend(cfg, method, model)
