@@ -202,7 +202,6 @@ def test_dp_custom_poisson_sampler_still_runs(fed10):  # held: a fair custom sam
     assert np.isfinite(h["epsilon"]).all()
 
 
-@F(16, "DP sampling='fixed' with drop_stragglers=True: the dropped stragglers make the rule's round-size check blame the sampler built with dp_sampler ('build the sampler with dp_sampler ...'); open: the check should count the sampled clients")
 def test_dp_fixed_sampling_with_drop_stragglers_runs_or_names_drop_stragglers(fed10):
     """DP with drop_stragglers is supported (test_probe42.py: a round whose stragglers are all dropped is noised);
     with sampling='fixed' the run must then go on (ε holds: dropping after sampling is data-independent) or say
