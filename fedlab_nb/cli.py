@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import ipaddress
 import os
 import re
 import sys
@@ -83,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
                      "(with --student: fresh student versions; a student's answers there are lost)")
     lab.add_argument("--dry-run", action="store_true", help="copy, print the command, do not start JupyterLab")
     lab.add_argument("--port", type=_port, help="JupyterLab's port (default: its own, 8888 or the next free one)")
-    lab.add_argument("--ip", help="the address JupyterLab listens on (e.g. 0.0.0.0 in a container)")
+    lab.add_argument("--ip", type=_ip, help="the address JupyterLab listens on (e.g. 0.0.0.0 in a container)")
     lab.add_argument("--no-browser", action="store_true", help="do not open a browser (a remote machine, a container)")
     hist = command("history", "summarise a saved run (History.save's CSV): final accuracy, bytes, (epsilon, delta)")
     hist.add_argument("path", help="the .csv written by History.save (its .json beside it holds the run's settings)")
@@ -110,6 +111,18 @@ def _port(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port; use a number from 1 to 65535, e.g. 8888")
     return int(text)
+
+
+def _ip(text: str) -> str:
+    """--ip: an IP address, a host name or '*' (JupyterLab's listen address); anything else (a typo, a control
+    sequence) is a usage error instead of a JupyterLab that fails to start after printing it."""
+    if text != "*" and not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})", text, re.ASCII):
+        try:
+            ipaddress.ip_address(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{printable(repr(text), 60)} is not an address; use an IP address "
+                                             "(e.g. 0.0.0.0 in a container, 127.0.0.1), a host name or '*'") from None
+    return text
 
 
 def _lab_options(args) -> list[str]:

@@ -346,13 +346,24 @@ class MethodStrategy(Strategy):
         return hist
 
 
+def _num_rounds(value) -> int:
+    """`--run-config num-server-rounds=N`: a whole number >= 1 (1.9 is not 1, 0 is not a run)."""
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdecimal():
+        value = int(value)
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"num-server-rounds={value!r} in the run config; it must be a whole number of rounds >= 1: "
+                         "flwr run --run-config 'num-server-rounds=N'")
+    return int(value)
+
+
 def _server_app(setup: _Setup, sink: Callable[[History], None], timeout: float) -> ServerApp:
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         # `flwr run --run-config num-server-rounds=N` may shorten or lengthen the run
-        run = replace(setup, cfg=replace(setup.cfg, rounds=int(context.run_config.get("num-server-rounds", setup.cfg.rounds))))
+        rounds = _num_rounds(context.run_config.get("num-server-rounds", setup.cfg.rounds))
+        run = replace(setup, cfg=replace(setup.cfg, rounds=rounds))
         strategy = MethodStrategy(run)
         strategy.start(grid, ArrayRecord({"theta": _to_array(run.theta0)}), num_rounds=run.cfg.rounds,
                        timeout=timeout, evaluate_fn=strategy.evaluate_global)

@@ -15,7 +15,7 @@ paired intervals judge (papers/SCHEMA.md, "Verdicts over seeds").
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -35,33 +35,78 @@ def grid(run: Callable[..., Mapping | float], configs: Sequence[Mapping], seeds:
     """`run(seed=s, **setup(s), **config)` for every seed (outer loop) and configuration (inner loop), in that
     order. `run` returns a number (column "value") or a mapping of named numbers; the frame has one row per
     (seed, configuration): the seed, the configuration's keys, then the returned values."""
-    configs, seeds = list(configs), [int(s) for s in seeds]
+    for name, fn in (("run", run), ("setup", setup)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"grid: {name} must be a function ({name}(seed=..., ...)), got {type(fn).__name__} {fn!r:.60}")
+    configs, seeds = _configs(configs), _seeds(seeds)
     if not configs or not seeds:
         raise ValueError(f"grid needs at least one configuration and one seed, got {len(configs)} and {len(seeds)}")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct (paired runs), got {seeds}")
     rows = []
     for seed in seeds:
-        shared = dict(setup(seed)) if setup is not None else {}
+        shared = setup(seed) if setup is not None else {}
+        if not isinstance(shared, Mapping):
+            raise ValueError(f"grid: setup({seed}) returned {type(shared).__name__}; it must return a mapping of the "
+                             "arguments every configuration of that seed shares, e.g. {'fed': federation}")
+        shared = dict(shared)
         for config in configs:
             clash = set(config) & (set(shared) | {"seed"})
             if clash:
                 raise ValueError(f"configuration keys {sorted(clash)} clash with the seed or setup's keys {sorted(shared)}")
             out = run(seed=seed, **shared, **config)
             values = dict(out) if isinstance(out, Mapping) else {"value": out}
+            relabel = sorted(set(values) & ({"seed"} | set(config)), key=str)
+            if relabel:  # the row would name another seed or configuration than the run's
+                raise ValueError(f"grid: run returned {relabel}, the name of the row's seed or configuration column; "
+                                 "rename those values (e.g. 'final_lr')")
             rows.append({"seed": seed, **config, **values})
     return pd.DataFrame(rows)
+
+
+def _seeds(seeds) -> list[int]:
+    """Whole-number seeds: a string ('12' would be seeds 1 and 2), a float (1.9) or a bool is refused."""
+    if isinstance(seeds, (str, bytes, Mapping)) or not isinstance(seeds, Iterable):
+        raise ValueError(f"grid: seeds must be a list of integer seeds, e.g. range(5), got {seeds!r:.60}")
+    seeds = list(seeds)
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, (int, np.integer))]
+    if bad:
+        raise ValueError(f"grid: seeds must be whole numbers (ints), got {bad[:3]!r:.60}; e.g. seeds=range(5)")
+    return [int(s) for s in seeds]
+
+
+def _configs(configs) -> list[Mapping]:
+    """A list of mappings {name: value} with names that are strings (they become run's keyword arguments)."""
+    if isinstance(configs, (str, bytes, Mapping)) or not isinstance(configs, Iterable):
+        raise ValueError(f"grid: configs must be a list of mappings, e.g. studies.product(lr=[0.1, 0.2]), got "
+                         f"{type(configs).__name__} {configs!r:.60}")
+    configs = list(configs)
+    bad = [c for c in configs if not isinstance(c, Mapping) or not all(isinstance(k, str) for k in c)]
+    if bad:
+        raise ValueError(f"grid: configs must be mappings with string keys, e.g. [{{'lr': 0.1}}], got {bad[0]!r:.60}")
+    return configs
+
+
+def _columns(frame: pd.DataFrame, caller: str, **names) -> None:
+    """Each named column must be in the frame (pandas' own KeyError says neither which argument nor the columns)."""
+    for argument, columns in names.items():
+        for column in [columns] if isinstance(columns, str) or not isinstance(columns, Sequence) else columns:
+            if column not in frame.columns:
+                raise ValueError(f"{caller}: {argument} {column!r} is not a column of the frame; its columns: "
+                                 f"{', '.join(map(str, frame.columns))}")
 
 
 def per_seed(frame: pd.DataFrame, metric: str, by: str | Sequence[str]) -> pd.DataFrame:
     """One row per seed, one column per value of `by` (or per combination of several `by` columns); two rows for
     the same seed and column are refused (pandas' ValueError), never silently dropped."""
+    _columns(frame, "per_seed", metric=metric, by=by)
     return frame.pivot(index="seed", columns=by, values=metric).sort_index()
 
 
 def paired(frame: pd.DataFrame, metric: str, *, by: str, a, b, where: Mapping | None = None) -> np.ndarray:
     """Per-seed differences metric[by == a] − metric[by == b] (seed order), after keeping the rows matching
     `where` ({column: value}); every seed must have exactly one row on each side."""
+    _columns(frame, "paired", metric=metric, by=by, where=list(where or {}))
     rows = frame
     for column, value in (where or {}).items():
         rows = rows[rows[column] == value]

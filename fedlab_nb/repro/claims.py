@@ -155,6 +155,9 @@ def claims_path(paper_id: str, root: Path | None = None) -> Path:
     check_paper_id(paper_id)
     root = Path(root or default_root())
     path = root / "papers" / f"{paper_id}.yaml"
+    if path.exists() and not path.is_file():  # a link to /dev/zero, a FIFO, a folder: not "unknown"
+        raise ClaimsFileError(f"{path}: not a regular file (a device, a FIFO or a folder, perhaps through a link), so "
+                              "it is not read as a claims file; replace it with the paper's YAML or remove it")
     if not path.is_file():
         known = paper_ids(root)
         close = difflib.get_close_matches(paper_id, known, n=3)
@@ -219,11 +222,11 @@ class _Checker:
             self.fail(where, f"is {value!r}", expected)
         return value
 
-    def expectation(self, text, where: str) -> Expectation:
+    def expectation(self, text, where: str, claim: str | None = None) -> Expectation:
         try:
             return parse_expectation(text)
         except ExpectationError as e:
-            self.fail(where, f"cannot be parsed ({e})", "e.g. '< 1e-6', '> fedavg_acc + 0.02', "
+            self.fail(where, ("" if claim is None else f"of claim {claim!r} ") + f"cannot be parsed ({e})", "e.g. '< 1e-6', '> fedavg_acc + 0.02', "
                       "'within 0.05 of 0.91', 'between 0.4 and 0.6'")
 
 
@@ -453,12 +456,25 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _read_regular(path: Path, limit: int) -> bytes:
+    """At most limit + 1 bytes of `path`, a regular file (opened without blocking: a FIFO or a device that
+    took its place is refused, not read until memory runs out)."""
+    import stat
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ClaimsFileError(f"{path}: not a regular file (a device, a FIFO or a folder, perhaps through a "
+                                  "link), so it is not read as a claims file; replace it with the paper's YAML or "
+                                  "remove it")
+        return f.read(limit + 1)
+
+
 def read_yaml(path: Path):
     """The claims file's YAML (strict: no duplicate keys, no aliases, at most MAX_CLAIMS_BYTES)."""
     try:
-        raw = path.read_bytes()
+        raw = _read_regular(path, MAX_CLAIMS_BYTES)
         if len(raw) > MAX_CLAIMS_BYTES:
-            raise ClaimsFileError(f"{path}: {len(raw)} bytes; a claims file may hold at most {MAX_CLAIMS_BYTES}")
+            raise ClaimsFileError(f"{path}: over {MAX_CLAIMS_BYTES} bytes; a claims file may hold at most {MAX_CLAIMS_BYTES}")
         return yaml.load(raw.decode("utf-8"), Loader=_StrictLoader)  # noqa: S506 -- a SafeLoader subclass
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
@@ -553,8 +569,8 @@ def load_claims(path: Path | str) -> Paper:
         seeds, confidence = _seed_fields(c, entry, where)
         role, paper_note, setting = _role_fields(c, entry, where, seeds)
         span = _range(c, entry, where, metric)
-        expect = c.expectation(entry["expect"], f"{where}.expect")
-        partial = None if entry.get("partial") is None else c.expectation(entry["partial"], f"{where}.partial")
+        expect = c.expectation(entry["expect"], f"{where}.expect", cid)
+        partial = None if entry.get("partial") is None else c.expectation(entry["partial"], f"{where}.partial", cid)
         for field_name, e in (("expect", expect), ("partial", partial)):
             _can_fail(c, e, f"{where}.{field_name}", span)
             _not_self_referential(c, e, f"{where}.{field_name}", metric)

@@ -23,7 +23,7 @@ _TOKEN = re.compile(r"""\s*(?:
     | (?P<name>[A-Za-z_]\w*)
     | (?P<str>"[^"]*"|'[^']*')
     | (?P<op><=|>=|==|[<>+\-*%()])
-    )""", re.VERBOSE)
+    )""", re.VERBOSE | re.ASCII)  # ASCII digits only: float() reads '١' (Arabic-Indic one) as 1
 
 _COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -46,6 +46,10 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if not m or m.end() == pos:
+            odd = next((c for c in text[pos:] if not c.isascii()), None)
+            if odd is not None:
+                raise ExpectationError(f"expectation {_short(text)} holds the non-ASCII character {odd!r} "
+                                       f"(U+{ord(odd):04X}); write numbers and names in ASCII (digits 0-9)")
             raise ExpectationError(f"cannot read {text[pos:]!r} in expectation {text!r}")
         kind = m.lastgroup
         tokens.append((kind, m.group(kind)))

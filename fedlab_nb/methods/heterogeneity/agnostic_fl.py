@@ -15,6 +15,7 @@ runs); here λ always weights them, as the AFL paper defines it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,9 @@ from .qffl import LossAtBroadcast, check_loss_on
 
 def project_simplex(v: torch.Tensor) -> torch.Tensor:
     """Euclidean projection onto {λ ≥ 0, Σ λ = 1} (sort and threshold, Duchi et al. 2008)."""
+    if not torch.isfinite(v).all():
+        raise ValueError(f"project_simplex: the vector must be finite, got {v.tolist()[:8]}; a NaN or inf λ step "
+                         "comes from a too large lr_lambda or a non-finite loss")
     u, _ = torch.sort(v, descending=True)
     css = torch.cumsum(u, 0) - 1
     k = torch.arange(1, len(v) + 1, dtype=v.dtype, device=v.device)
@@ -50,9 +54,16 @@ class AgnosticRule:
                              "fedlab_nb.methods.heterogeneity.agnostic_fl.agnostic_fl() (its client sends it)")
         ids = torch.as_tensor(info.client_ids, device=deltas.device)
         lam = state["lambda"][ids]
-        agg = (lam / lam.sum()).to(deltas.dtype) @ deltas
+        total = float(lam.sum())
+        # Σ_k λ_k Δ_k over the sampled clients: when the projection has set all their λ_k to 0 they carry no
+        # weight in the objective, so θ does not move (not 0/0)
+        agg = (lam / total).to(deltas.dtype) @ deltas if total > 0 else deltas.new_zeros(deltas.shape[1])
         ascent = state["lambda"].clone()
         ascent[ids] += self.lr_lambda * info.messages["loss"].to(ascent.dtype)
+        if not torch.isfinite(ascent).all():
+            raise ValueError(f"AFL: the λ ascent step λ + lr_lambda·F_k overflows (lr_lambda={self.lr_lambda:g}, "
+                             f"largest F_k {float(info.messages['loss'].max()):.3g}); use a smaller lr_lambda "
+                             "(the comparison script uses 0.1)")
         t = state["rounds"]
         new_theta = info.theta + agg  # the server step is plain SGD with lr 1 (agnostic_fl() builds it so)
         return agg, {"lambda": project_simplex(ascent), "rounds": t + 1,
@@ -67,8 +78,8 @@ def agnostic_fl(lr_lambda: float = 0.1, loss_on: str = "data") -> Method:
     """AFL (agnostic FL): minimax over mixtures of clients; evaluate `History.state["rule"]["average"]`.
     `loss_on`: the F_k the λ step uses (as in q-FFL's `LossAtBroadcast`; "batch" with one local step is
     Stochastic-AFL's stochastic loss)."""
-    if isinstance(lr_lambda, bool) or not isinstance(lr_lambda, (int, float)) or not lr_lambda > 0:
-        raise ValueError(f"agnostic_fl: lr_lambda must be a number > 0 (the comparison script uses 0.1), "
+    if isinstance(lr_lambda, bool) or not isinstance(lr_lambda, (int, float)) or not 0 < lr_lambda < math.inf:
+        raise ValueError(f"agnostic_fl: lr_lambda must be a finite number > 0 (the comparison script uses 0.1), "
                          f"got {lr_lambda!r}")
     return Method(f"agnostic_fl(lr_lambda={lr_lambda:g})", LocalObjective(), UniformWeighting(),
                   AgnosticRule(float(lr_lambda)), ServerSGD(lr=1.0),

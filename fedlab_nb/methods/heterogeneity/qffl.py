@@ -15,6 +15,7 @@ paper samples clients ∝ n_k and averages uniformly, here the run's sampler pic
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,10 @@ class LossAtBroadcast(OwnTraining):
         with torch.no_grad():
             f = torch.stack([ctx.loss_fn(theta, j.x.to(theta.device), j.y.to(theta.device)) for j in jobs])
         return {"delta": W - theta, "loss": f.to(theta.dtype)}, cstate, losses
+
+
+def _finite_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def check_loss_on(where: str, loss_on) -> str:
@@ -80,9 +85,10 @@ class QFFLRule:
 def qffl(q: float = 1.0, lipschitz: float | None = None, loss_on: str = "data") -> Method:
     """q-FedAvg: q = 0 is FedAvg with uniform weights; larger q, fairer accuracy across clients. With one local
     step and `loss_on="batch"` it is the official q-FedSGD (gradient and loss of one batch)."""
-    if isinstance(q, bool) or not isinstance(q, (int, float)) or q < 0:
-        raise ValueError(f"qffl: q must be a number >= 0 (0 = FedAvg, the paper uses 0.001 … 15), got {q!r}")
-    if lipschitz is not None and not lipschitz > 0:
-        raise ValueError(f"qffl: lipschitz must be > 0 or None (None: L = 1/lr, as in the paper), got {lipschitz!r}")
-    return Method(f"qffl(q={q:g})", LocalObjective(), UniformWeighting(), QFFLRule(float(q), lipschitz),
+    if not _finite_number(q) or q < 0:
+        raise ValueError(f"qffl: q must be a finite number >= 0 (0 = FedAvg, the paper uses 0.001 … 15), got {q!r}")
+    if lipschitz is not None and not (_finite_number(lipschitz) and lipschitz > 0):
+        raise ValueError(f"qffl: lipschitz must be a finite number > 0 or None (None: L = 1/lr, as in the paper), "
+                         f"got {lipschitz!r}")
+    return Method(f"qffl(q={q:g})", LocalObjective(), UniformWeighting(), QFFLRule(float(q), None if lipschitz is None else float(lipschitz)),
                   ServerSGD(lr=1.0), client=LossAtBroadcast(check_loss_on("qffl", loss_on)))

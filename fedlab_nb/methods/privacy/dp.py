@@ -239,7 +239,8 @@ class DPAggregate:
                 raise ValueError(f"sampling='fixed' needs q·K to be a whole number of clients, got q={self.sampling_rate}"
                                  f" and K={num_clients} (qK={m:g}); use q = m/K")
         state = {"clip": float(self.clip_norm), "rounds": 0, "K": int(num_clients), "W": W,
-                 "seen_rounds": 0, "seen_clients": 0, "seen_min": 10**9, "seen_max": 0}
+                 "seen_rounds": 0, "seen_clients": 0, "seen_min": 10**9, "seen_max": 0,
+                 "seen_each": torch.zeros(int(num_clients), dtype=torch.int64)}  # a tensor: checkpoints hold it
         check_noise_fits(self.noise_std(state), theta.dtype, self._std_formula)  # fail before round 1, not inf θ
         return state
 
@@ -278,7 +279,7 @@ class DPAggregate:
             raise ValueError("DPAggregate draws keyed noise and needs the round's info=RoundInfo (the engine passes "
                              "it because uses_context = True)")
         state = dict(state)
-        self._check_sampling(state, len(deltas))
+        self._check_sampling(state, len(deltas), info.client_ids)
         weights = torch.ones(len(deltas), dtype=deltas.dtype, device=deltas.device) if weights is None else weights
         self._check_inputs(state, deltas, weights)
         denom = self.denominator(state, weights)
@@ -326,7 +327,8 @@ class DPAggregate:
     def check_sampler(self, sampler, num_clients: int) -> None:
         """Before round 1: refuse a built-in sampler (an int, a fraction or None as clients_per_round, or a
         Bernoulli sampler of other probabilities) that is not the sampling the accountant assumes, since the ε it
-        reports would not hold for the run. A custom sampler is checked from its round sizes (`_check_sampling`)."""
+        reports would not hold for the run. A custom sampler is checked from its round sizes and how often each
+        client takes part (`_check_sampling`)."""
         K, q = int(num_clients), self.sampling_rate
         if isinstance(sampler, BernoulliSampler):
             p = np.asarray(sampler.probabilities, dtype=float)
@@ -350,22 +352,35 @@ class DPAggregate:
         raise ValueError(f"clients_per_round: the rule was built for Poisson sampling with q={q} ({q * K:.1f} clients "
                          f"a round on average), but the run uses {got}{word}; the reported ε would not hold: {fix}")
 
-    def _check_sampling(self, state: dict, m: int):
-        """Raise when the round sizes cannot come from this rule's sampling (q, Poisson or fixed)."""
+    def _check_sampling(self, state: dict, m: int, ids=()):
+        """Raise when the round sizes, or how often one client takes part, cannot come from this rule's sampling
+        (q, Poisson or fixed): under either, each client takes part in a round with probability q."""
         K, q = state["K"], self.sampling_rate
         state["seen_rounds"] += 1
         state["seen_clients"] += m
         state["seen_min"], state["seen_max"] = min(state["seen_min"], m), max(state["seen_max"], m)
         fix = ("build the sampler with dp_sampler(q, K, sampling) — Poisson: BernoulliSampler(np.full(K, q)); "
                "fixed: UniformSampler(round(q*K)) — and pass it as clients_per_round")
+        each = state.get("seen_each", torch.zeros(K, dtype=torch.int64)).clone()  # an older checkpoint has none
+        each[torch.as_tensor(np.asarray(ids, dtype=np.int64))] += 1  # ids are distinct (the engine checks)
+        state["seen_each"], n = each, state["seen_rounds"]
+        top = int(each.argmax())
+        if n >= 5 and q < 1 and int(each[top]) > n * q:  # P(one of K clients in ≥ c of n rounds) below 1e-9 per round
+            from scipy.stats import binom
+            if binom.sf(int(each[top]) - 1, n, q) * K * n < 1e-9:
+                raise ValueError(f"client {top} took part in {int(each[top])} of {n} rounds, but the accountant assumes "
+                                 f"each client takes part with probability q={q} (about {n * q:.1f} rounds): the "
+                                 "sampler does not pick clients at random and the reported ε would not hold; " + fix)
+        # fewer clients than sampled (drop_stragglers, updates dropped as non-finite) keep ε: a subset of a random
+        # sample taken independently of the clients' data; only more participation than q breaks the accounting
         if self.sampling == "fixed":
-            if m != round(q * K):
-                raise ValueError(f"sampling='fixed' with q={q} expects exactly {round(q * K)} clients a round, got {m}; "
+            if m > round(q * K):
+                raise ValueError(f"sampling='fixed' with q={q} expects at most {round(q * K)} clients a round, got {m}; "
                                  + fix)
             return
         n, total = state["seen_rounds"], state["seen_clients"]
         sd = math.sqrt(n * K * q * (1 - q))
-        if n >= 5 and abs(total - n * q * K) > 6 * sd + 1:
+        if n >= 5 and total - n * q * K > 6 * sd + 1:
             raise ValueError(f"the rule was built for Poisson sampling with q={q} ({q * K:.1f} clients a round on "
                              f"average) but {n} rounds had {total / n:.1f} on average; " + fix)
         # a fixed-size sampler under Poisson accounting: the same count every round is improbable
