@@ -134,8 +134,8 @@ def _train_eager(loss_fn: ModelLoss, theta, jobs, objective, optimizer, step_lr,
             if bufs is not None:   # this client's running statistics: the forward updates them in place
                 slots.point(bufs)
             for t, idx in enumerate(job.batches, 1):
-                idx = torch.as_tensor(idx, device=theta.device)
-                loss = crit(model(job.x[idx]), job.y[idx])
+                xb, yb = _rows(job, torch.as_tensor(idx, device=theta.device))
+                loss = crit(model(xb), yb)
                 grads = torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)
                 corr = objective.correction(work, theta, job.ctx)
                 with torch.no_grad():
@@ -159,6 +159,13 @@ def _train_eager(loss_fn: ModelLoss, theta, jobs, objective, optimizer, step_lr,
     finally:
         slots.restore()
     return W, torch.stack(losses)
+
+
+def _rows(job: LocalJob, idx: torch.Tensor) -> tuple:
+    """The batch's rows (x[idx], y[idx]): `index_select` for an index vector (the same copy, half the dispatch)."""
+    if idx.dim() == 1 and idx.dtype == torch.int64:
+        return job.x.index_select(0, idx), job.y.index_select(0, idx)
+    return job.x[idx], job.y[idx]
 
 
 class _Slots:
