@@ -351,6 +351,7 @@ def test_few_steps_on_large_clients_gather_only_their_rows(monkeypatch, fuse):
     big[2] = LocalJob(big[2].client_id, big[2].x, big[2].y, [], None)
     seen = []
     real = batched.used_rows_only
+    monkeypatch.setattr(batched, "GATHER_MIN_BYTES", 0)  # these clients are small: gather all the same
     monkeypatch.setattr(batched, "used_rows_only", lambda js: seen.append(out := real(js)) or out)
     loop = train_clients_loop(make_loss(model), theta, big, 0.2, LocalObjective(), weights=True)
     got = batched.train_clients_vmap(make_loss(model), theta, big, 0.2, LocalObjective(), weights=True, fuse=fuse)
@@ -358,3 +359,5 @@ def test_few_steps_on_large_clients_gather_only_their_rows(monkeypatch, fuse):
     assert torch.equal(got[0][2], theta)
     torch.testing.assert_close(got[0], loop[0], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(got[1], loop[1], atol=1e-6, rtol=1e-5)
+    monkeypatch.setattr(batched, "GATHER_MIN_BYTES", 1 << 22)  # small data: the jobs pass through untouched
+    assert batched.used_rows_only(big) is big

@@ -141,9 +141,15 @@ def plan_chunks(cost: np.ndarray, budget: int) -> list[np.ndarray]:
 
 
 # --- one chunk ----------------------------------------------------------------------------------------
+GATHER_MIN_BYTES = 1 << 22  # below 4 MiB of client data, copying every row costs less than finding the used ones
+
+
 def used_rows_only(jobs: list) -> list:
     """The jobs with only the rows their batches use (batches re-indexed), when that is under half of their
-    rows: a step or two on large clients need not copy every client's data into the chunk each round."""
+    rows and their data is over `GATHER_MIN_BYTES`: a step or two on large clients need not copy every
+    client's data into the chunk each round."""
+    if sum(j.x.numel() * j.x.element_size() for j in jobs) < GATHER_MIN_BYTES:
+        return jobs
     used = [np.unique(np.concatenate([np.asarray(b, dtype=np.int64) for b in j.batches]))
             if j.batches else np.zeros(1, dtype=np.int64) for j in jobs]  # row 0: a padding row for τ = 0
     if 2 * sum(len(u) for u in used) >= sum(len(j.y) for j in jobs):
