@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from .utils import check_seeds
+
 
 def product(**axes: Sequence) -> list[dict]:
     """Every combination of the axes' values, in order (the last axis varies fastest):
@@ -38,7 +40,7 @@ def grid(run: Callable[..., Mapping | float], configs: Sequence[Mapping], seeds:
     for name, fn in (("run", run), ("setup", setup)):
         if fn is not None and not callable(fn):
             raise TypeError(f"grid: {name} must be a function ({name}(seed=..., ...)), got {type(fn).__name__} {fn!r:.60}")
-    configs, seeds = _configs(configs), _seeds(seeds)
+    configs, seeds = _configs(configs), check_seeds(seeds, "grid: seeds")
     if not configs or not seeds:
         raise ValueError(f"grid needs at least one configuration and one seed, got {len(configs)} and {len(seeds)}")
     if len(set(seeds)) != len(seeds):
@@ -62,17 +64,6 @@ def grid(run: Callable[..., Mapping | float], configs: Sequence[Mapping], seeds:
                                  "rename those values (e.g. 'final_lr')")
             rows.append({"seed": seed, **config, **values})
     return pd.DataFrame(rows)
-
-
-def _seeds(seeds) -> list[int]:
-    """Whole-number seeds: a string ('12' would be seeds 1 and 2), a float (1.9) or a bool is refused."""
-    if isinstance(seeds, (str, bytes, Mapping)) or not isinstance(seeds, Iterable):
-        raise ValueError(f"grid: seeds must be a list of integer seeds, e.g. range(5), got {seeds!r:.60}")
-    seeds = list(seeds)
-    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, (int, np.integer))]
-    if bad:
-        raise ValueError(f"grid: seeds must be whole numbers (ints), got {bad[:3]!r:.60}; e.g. seeds=range(5)")
-    return [int(s) for s in seeds]
 
 
 def _configs(configs) -> list[Mapping]:

@@ -1,6 +1,8 @@
 """Small shared helpers: device choice and seeded random streams."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import numpy as np
 import torch
 
@@ -45,6 +47,18 @@ def check_seed(value, name: str = "seed") -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < MAX_SEED:
         raise ValueError(f"{name} must be an integer >= 0 (and < 2^63), got {type(value).__name__} {value!r}; e.g. {name}=0")
     return int(value)
+
+
+def check_seeds(seeds, name: str = "seeds") -> list[int]:
+    """A list of seeds (each as `check_seed`): a string ('12' would be seeds 1 and 2), a float (1.9) or a bool
+    is refused, never truncated."""
+    if isinstance(seeds, (str, bytes, Mapping)) or not isinstance(seeds, Iterable):
+        raise ValueError(f"{name} must be a list of integer seeds, e.g. range(5), got {seeds!r:.60}")
+    seeds = list(seeds)
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 0 <= s < MAX_SEED]
+    if bad:
+        raise ValueError(f"{name} must be whole numbers >= 0 (ints), got {bad[:3]!r:.60}; e.g. {name}=range(5)")
+    return [int(s) for s in seeds]
 
 
 def loglog_slope(x, y) -> float:

