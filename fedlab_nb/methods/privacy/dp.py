@@ -39,6 +39,7 @@ from functools import lru_cache
 
 import numpy as np
 import torch
+from scipy.stats import binom
 
 from ...core.messages import Messages, Transform
 from ...core.streams import register_stream
@@ -361,12 +362,12 @@ class DPAggregate:
         state["seen_min"], state["seen_max"] = min(state["seen_min"], m), max(state["seen_max"], m)
         fix = ("build the sampler with dp_sampler(q, K, sampling) — Poisson: BernoulliSampler(np.full(K, q)); "
                "fixed: UniformSampler(round(q*K)) — and pass it as clients_per_round")
-        each = state.get("seen_each", torch.zeros(K, dtype=torch.int64)).clone()  # an older checkpoint has none
+        each = state.get("seen_each")  # an older checkpoint has none
+        each = torch.zeros(K, dtype=torch.int64) if each is None else each.clone()
         each[torch.as_tensor(np.asarray(ids, dtype=np.int64))] += 1  # ids are distinct (the engine checks)
         state["seen_each"], n = each, state["seen_rounds"]
         top = int(each.argmax())
         if n >= 5 and q < 1 and int(each[top]) > n * q:  # P(one of K clients in ≥ c of n rounds) below 1e-9 per round
-            from scipy.stats import binom
             if binom.sf(int(each[top]) - 1, n, q) * K * n < 1e-9:
                 raise ValueError(f"client {top} took part in {int(each[top])} of {n} rounds, but the accountant assumes "
                                  f"each client takes part with probability q={q} (about {n * q:.1f} rounds): the "
@@ -385,7 +386,6 @@ class DPAggregate:
                              f"average) but {n} rounds had {total / n:.1f} on average; " + fix)
         # a fixed-size sampler under Poisson accounting: the same count every round is improbable
         if n >= 10 and state["seen_min"] == state["seen_max"] and q < 1:
-            from scipy.stats import binom
             if binom.pmf(m, K, q) ** (n - 1) < 1e-6:
                 raise ValueError(f"the Poisson accountant (q={q}) sees exactly {m} clients in each of {n} rounds: the "
                                  f"sampler draws a fixed number; use sampling='fixed' or a Poisson sampler; " + fix)
