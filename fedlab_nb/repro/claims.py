@@ -156,8 +156,7 @@ def claims_path(paper_id: str, root: Path | None = None) -> Path:
     root = Path(root or default_root())
     path = root / "papers" / f"{paper_id}.yaml"
     if path.exists() and not path.is_file():  # a link to /dev/zero, a FIFO, a folder: not "unknown"
-        raise ClaimsFileError(f"{path}: not a regular file (a device, a FIFO or a folder, perhaps through a link), so "
-                              "it is not read as a claims file; replace it with the paper's YAML or remove it")
+        raise _not_regular(path)
     if not path.is_file():
         known = paper_ids(root)
         close = difflib.get_close_matches(paper_id, known, n=3)
@@ -456,6 +455,12 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _not_regular(path: Path) -> ClaimsFileError:
+    """The error for a claims path that is there but is not a regular file."""
+    return ClaimsFileError(f"{path}: not a regular file (a device, a FIFO or a folder, perhaps through a link), so "
+                           "it is not read as a claims file; replace it with the paper's YAML or remove it")
+
+
 def _read_regular(path: Path, limit: int) -> bytes:
     """At most limit + 1 bytes of `path`, a regular file (opened without blocking: a FIFO or a device that
     took its place is refused, not read until memory runs out)."""
@@ -463,9 +468,7 @@ def _read_regular(path: Path, limit: int) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ClaimsFileError(f"{path}: not a regular file (a device, a FIFO or a folder, perhaps through a "
-                                  "link), so it is not read as a claims file; replace it with the paper's YAML or "
-                                  "remove it")
+            raise _not_regular(path)
         return f.read(limit + 1)
 
 
