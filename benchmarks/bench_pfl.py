@@ -150,9 +150,10 @@ def export_workload(folder, fed, model_name: str, model_kwargs: dict, model: tor
     return meta
 
 
-def run_pfl(folder, python: Path, timeout: float | None = None) -> dict:
-    """pfl_side.py on the exported folder, in the pfl environment (one thread as this process has)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), PFL_PYTORCH_DEVICE="cpu",
+def run_pfl(folder, python: Path, timeout: float | None = None, device: str = "cpu") -> dict:
+    """pfl_side.py on the exported folder, in the pfl environment (one thread as this process has), training on
+    `device` (pfl's PFL_PYTORCH_DEVICE)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), PFL_PYTORCH_DEVICE=device,
                PYTHONWARNINGS="ignore")
     done = subprocess.run([str(python), str(PFL_SIDE), str(folder)], capture_output=True, text=True, env=env,
                           timeout=timeout)
@@ -164,15 +165,22 @@ def run_pfl(folder, python: Path, timeout: float | None = None) -> dict:
 
 
 # --- our side -----------------------------------------------------------------------------------------
+def clock(device: str):
+    """(CPU s, wall s) now; on a GPU after its queued kernels have finished (else wall time misses them)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    return time.process_time(), time.perf_counter()
+
+
 def run_ours(fed, model: torch.nn.Module, cfg: server.RunConfig, rounds: int, backend: str,
-             clients_per_round=None) -> dict:
-    """`simulate` FedAvg for `rounds` rounds from `model`'s weights; CPU and wall seconds of each round (between
-    the ends of consecutive rounds: sampling, local training, messages, aggregation, server update; the last
-    round also evaluates), the final test accuracy and weights."""
-    stamps = [(time.process_time(), time.perf_counter())]
+             clients_per_round=None, device: str = "cpu") -> dict:
+    """`simulate` FedAvg for `rounds` rounds from `model`'s weights on `device`; CPU and wall seconds of each
+    round (between the ends of consecutive rounds: sampling, local training, messages, aggregation, server
+    update; the last round also evaluates), the final test accuracy and weights."""
+    stamps = [clock(device)]
     hist = fl.simulate("fedavg", fed, model=copy.deepcopy(model), rounds=rounds, batch_size=cfg.batch_size,
                        lr=cfg.lr, clients_per_round=clients_per_round, eval_every=10**6, backend=backend, progress=False,
-                       callback=lambda r, theta, row: stamps.append((time.process_time(), time.perf_counter())))
+                       device=device, callback=lambda r, theta, row: stamps.append(clock(device)))
     return dict(cpu_seconds=[b[0] - a[0] for a, b in zip(stamps, stamps[1:])],
                 seconds=[b[1] - a[1] for a, b in zip(stamps, stamps[1:])],
                 test_acc=hist.final("test_acc"), theta=hist.theta.detach().cpu().numpy(),
@@ -186,7 +194,7 @@ def timed_rounds(values: list[float]) -> float:
 
 
 def bench_workload(fed, dataset: str, model_label: str, batch: int, lr: float, rounds: int, backends,
-                   pfl: Path | None, flower: bool, clients_per_round=None) -> list[dict]:
+                   pfl: Path | None, flower: bool, clients_per_round=None, device: str = "cpu") -> list[dict]:
     torch.manual_seed(0)
     if model_label == "pfl_simple_cnn":
         model_name, model_kwargs = model_label, {}
@@ -197,16 +205,17 @@ def bench_workload(fed, dataset: str, model_label: str, batch: int, lr: float, r
     cfg = server.RunConfig(batch_size=batch, lr=lr, local_epochs=1)
     load = [os.getloadavg()[0]]
     base = dict(dataset=dataset, model=model_label, params=flatten_params(model).numel(), clients=fed.num_clients,
-                cohort=clients_per_round or fed.num_clients, batch=batch, rounds=rounds, threads=torch.get_num_threads())
+                cohort=clients_per_round or fed.num_clients, batch=batch, rounds=rounds, threads=torch.get_num_threads(),
+                device=device)
     rows, results = [], {}
     with tempfile.TemporaryDirectory(prefix="bench_pfl_") as tmp:
         meta = export_workload(tmp, fed, model_name, model_kwargs, model, cfg, rounds, clients_per_round)
         for b in backends:
             if b == "fused" and linear_layers(model) is None:
                 continue
-            results[b] = run_ours(fed, model, cfg, rounds, b, clients_per_round)
+            results[b] = run_ours(fed, model, cfg, rounds, b, clients_per_round, device)
         if pfl is not None:
-            results["pfl"] = run_pfl(tmp, pfl)
+            results["pfl"] = run_pfl(tmp, pfl, device=device)
             if results["pfl"]["rows_per_round"] != meta["rows_per_round"]:
                 raise AssertionError(f"same-work check failed: pfl trained {results['pfl']['rows_per_round']} rows "
                                      f"per round, fedlab_nb {meta['rows_per_round']}")
@@ -232,14 +241,15 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
     ours (> 1: ours is faster than pfl), our best (`backend='auto'`: fused for MLPs, else vmap) against pfl, the
     same-work check (rows per round, test accuracies, the largest weight difference of pfl's final model from our
     loop's, and of our vmap / fused backends' from our loop's: the rounding noise that difference compares with),
-    the load."""
+    the load. On a GPU the times are wall seconds (CPU seconds of the host process say little there)."""
     key = ["dataset", "model", "clients", "cohort"]
+    metric = "cpu_seconds" if (table.get("device", pd.Series(["cpu"])) == "cpu").all() else "seconds"
     out = []
     for k, g in table.groupby(key, sort=False):
         by = g.set_index("backend")
         row = dict(zip(key, k), rows_per_round=int(by["rows_per_round"].iloc[0]))
         for b in ("loop", "vmap", "fused", "pfl"):
-            row[f"{b}_s"] = by.loc[b, "cpu_seconds"] if b in by.index else math.nan
+            row[f"{b}_s"] = by.loc[b, metric] if b in by.index else math.nan
         row["flower_s_wall"] = by.loc["flower", "seconds"] if "flower" in by.index else math.nan
         best = "fused" if not math.isnan(row["fused_s"]) else "vmap"
         row["best"] = best
@@ -284,8 +294,24 @@ def parse_args(argv):
                     help="pfl-research's headline workload (simple_cnn, 1,000 users, cohort 50; synthetic 32×32×3) "
                          "after bench_backends' workloads (--tiny: 40 users, cohort 5, 8×8×3)")
     ap.add_argument("--no-pfl", action="store_true", help="ours only (what runs when .venv-pfl is absent)")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu (default) or cuda: both sides train there; the table then gives wall seconds, no Flower")
     ap.add_argument("--out", default=str(HERE / "results"))
     return ap.parse_args(argv)
+
+
+def check_device(name: str) -> str:
+    """'cpu' or a CUDA device that torch sees; anything else is refused with the fix."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise SystemExit(f"--device {name!r} is not a torch device; use cpu or cuda") from None
+    if device.type == "cpu":
+        return "cpu"
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: torch sees no CUDA device here (torch.cuda.is_available() is False); "
+                         "run on a GPU machine (benchmarks/device/pfl.sh) or use --device cpu")
+    return str(device)
 
 
 def main(argv=None) -> pd.DataFrame:
@@ -293,10 +319,12 @@ def main(argv=None) -> pd.DataFrame:
     rounds = args.rounds or (3 if args.tiny else 5)
     if rounds < 3:
         raise SystemExit("--rounds must be at least 3 (a warm-up, a timed round, a last evaluated one)")
+    device = check_device(args.device)
     pfl = None if args.no_pfl else pfl_python()
     if pfl is None and not args.no_pfl:
         print(SKIP_MESSAGE)
-    print(f"CPU: {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
+    gpu = f"; GPU: {torch.cuda.get_device_name(device)}" if device != "cpu" else ""
+    print(f"CPU: {cpu_name()}{gpu}; torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
           f"load average at start {os.getloadavg()[0]:.2f}", flush=True)
     rows = []
     for dataset, kwargs, m, model_label in ([] if args.headline == "only" else TINY if args.tiny else FULL):
@@ -306,10 +334,10 @@ def main(argv=None) -> pd.DataFrame:
         fed = fl.federate(dataset, "dirichlet", n_clients=m, alpha=args.alpha, seed=0, test_fraction=0.0,
                           min_size=2, dataset_kwargs=kwargs)
         label = dataset + (f"[{kwargs['max_train'] // 1000}k]" if "max_train" in kwargs else "")
-        flower = not args.tiny and m <= args.flower_max_clients and model_label in args.flower_models.split(",") \
+        flower = not args.tiny and device == "cpu" and m <= args.flower_max_clients and model_label in args.flower_models.split(",") \
             and importlib.util.find_spec("flwr") is not None
         new = bench_workload(fed, label, model_label, args.batch, args.lr, rounds, args.backends.split(","), pfl,
-                             flower)
+                             flower, device=device)
         rows += new
         print(f"{label:>17} {model_label:>11} {m:>5} clients: " + "  ".join(
             f"{r['backend']} {r['cpu_seconds']:.3f}cpu/{r['seconds']:.3f}s acc {r['test_acc']:.3f}" for r in new),
@@ -319,14 +347,15 @@ def main(argv=None) -> pd.DataFrame:
         fed = synthetic_images(h["users"], h["side"], h["rows"])
         label = f"synthetic{h['side']}"
         new = bench_workload(fed, label, "pfl_simple_cnn", args.batch, args.lr, rounds, args.backends.split(","),
-                             pfl, False, clients_per_round=h["cohort"])
+                             pfl, False, clients_per_round=h["cohort"], device=device)
         rows += new
         print(f"{label:>17} {'simple_cnn':>11} {h['users']:>5} users, cohort {h['cohort']}: " + "  ".join(
             f"{r['backend']} {r['cpu_seconds']:.3f}cpu/{r['seconds']:.3f}s acc {r['test_acc']:.3f}" for r in new),
             flush=True)
     table = pd.DataFrame(rows)
     summ = summary(table)
-    print(f"\nCPU seconds of one whole FedAvg round (median of rounds 2..{rounds - 1} of {rounds}); "
+    unit = "CPU seconds" if device == "cpu" else f"Wall seconds on {device}"
+    print(f"\n{unit} of one whole FedAvg round (median of rounds 2..{rounds - 1} of {rounds}); "
           f"pfl_over_X > 1: X is faster than pfl. Load average at the end {os.getloadavg()[0]:.2f}.")
     print(summ.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     out = Path(args.out)

@@ -18,6 +18,9 @@ pfl's Dataset iterates in order without shuffling, so the user's rows for round 
 are handed to it in fedlab_nb's batch order of that round (the exported schedule): both sides then take the
 same SGD steps on the same batches, and the final weights agree up to float rounding.
 
+On a GPU (PFL_PYTORCH_DEVICE=cuda, `bench_pfl.py --device cuda`) the data, the model and every user's rows live
+on the device; the clock synchronises before each reading.
+
 Timing: CPU seconds (time.process_time, this process) and wall seconds between the ends of consecutive central
 iterations (pfl's `after_central_iteration` callback): each includes sampling the cohort, making each user's
 dataset, local training, the weighting postprocessor, aggregation and the central update.
@@ -120,8 +123,9 @@ def run(folder) -> dict:
     R, cohorts = meta["rounds"], w["cohorts"]
     m = cohorts.shape[1]
     torch.set_num_threads(meta["threads"])
-    x_train, y_train = torch.from_numpy(w["x_train"]), torch.from_numpy(w["y_train"])
-    net = build_model(meta, w["state_dict"])
+    device = torch.device(os.environ.get("PFL_PYTORCH_DEVICE", "cpu"))   # pfl's own setting, read by PyTorchModel
+    x_train, y_train = torch.from_numpy(w["x_train"]).to(device), torch.from_numpy(w["y_train"]).to(device)
+    net = build_model(meta, w["state_dict"]).to(device)
     trained = [0] * R          # rows pfl's loop put through the loss, per round (the same-work check)
     round_of = {"r": 0}
 
@@ -143,7 +147,7 @@ def run(folder) -> dict:
     def make_dataset(c):
         r, i = divmod(c, m)
         k = int(cohorts[r, i])
-        rows = torch.from_numpy(w["rows"](r, k))
+        rows = torch.from_numpy(w["rows"](r, k)).to(device)
         return Dataset(raw_data=[x_train[rows], y_train[rows]], user_id=k)
 
     training = FederatedDataset(make_dataset, lambda: next(draws))
@@ -156,24 +160,29 @@ def run(folder) -> dict:
                                       local_batch_size=meta["batch"])
     stamps = []
 
+    def now():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)   # wall time must include the queued kernels
+        return time.process_time(), time.perf_counter()
+
     class Clock(TrainingProcessCallback):
         def on_train_begin(self, *, model):
-            stamps.append((time.process_time(), time.perf_counter()))
+            stamps.append(now())
             return super().on_train_begin(model=model)
 
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
-            stamps.append((time.process_time(), time.perf_counter()))
+            stamps.append(now())
             round_of["r"] = min(central_iteration + 1, R - 1)
             return super().after_central_iteration(aggregate_metrics, model, central_iteration=central_iteration)
 
     FederatedAveraging().run(algorithm_params=algorithm_params, backend=backend, model=model,
                              model_train_params=train_params, callbacks=[Clock()])
-    theta = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()
+    theta = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).cpu().numpy()
     np.save(Path(folder) / "pfl_theta.npy", theta)
     return dict(cpu_seconds=[b[0] - a[0] for a, b in zip(stamps, stamps[1:])],
                 seconds=[b[1] - a[1] for a, b in zip(stamps, stamps[1:])],
                 rows_per_round=trained,
-                test_acc=accuracy(net, torch.from_numpy(w["x_test"]), torch.from_numpy(w["y_test"])),
+                test_acc=accuracy(net, torch.from_numpy(w["x_test"]).to(device), torch.from_numpy(w["y_test"]).to(device)),
                 threads=torch.get_num_threads(), torch=torch.__version__, pfl=_pfl_version())
 
 

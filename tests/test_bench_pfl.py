@@ -77,3 +77,23 @@ def test_tiny_comparison_with_pfl(bench, tmp_path):
     assert ((summ["acc_pfl"] - summ["acc_loop"]).abs() < 0.01).all()   # the same predictions but a rare near tie
     assert (summ[["loop_s", "vmap_s", "pfl_s"]] > 0).all().all() and (summ["best_vs_pfl"] > 0).all()
     assert (tmp_path / "bench_pfl_summary.csv").exists()
+
+
+def test_device_is_checked(bench, tmp_path):
+    """--device: a name torch does not know, or cuda where torch sees no GPU, stops with the fix; cpu is the default."""
+    with pytest.raises(SystemExit, match="is not a torch device; use cpu or cuda"):
+        bench.main(["--tiny", "--no-pfl", "--device", "gpu0", "--out", str(tmp_path)])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="torch sees no CUDA device here"):
+            bench.main(["--tiny", "--no-pfl", "--device", "cuda", "--out", str(tmp_path)])
+    assert bench.check_device("cpu") == "cpu"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or _bench("bench_pfl").pfl_python() is None,
+                    reason="needs a CUDA device and a python with pfl (benchmarks/device/pfl.sh)")
+def test_tiny_comparison_on_cuda(bench, tmp_path):
+    """On a GPU both sides train on the device: the same rows, the same weights up to float rounding."""
+    table = bench.main(["--tiny", "--device", "cuda", "--out", str(tmp_path)])
+    summ = bench.summary(table)
+    assert set(table["device"]) == {"cuda:0"} or set(table["device"]) == {"cuda"}
+    assert (summ["pfl_max_abs_dtheta"] < 1e-4).all() and (summ[["loop_s", "pfl_s"]] > 0).all().all()

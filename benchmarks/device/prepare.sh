@@ -9,7 +9,10 @@ rm -rf .whl && mkdir -p .whl .device-data/fashion_mnist
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .whl \
-    mlxtend==0.25.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 pycryptodome==3.24.1
+    mlxtend==0.25.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 pycryptodome==3.24.1 \
+    pfl==0.6.0 dp-accounting==0.5.1 prv-accountant==0.2.0 multiprocess==0.70.19 dill==0.4.1 dm-tree==0.1.10
+# (the last line: pfl-research and what it needs beyond the image, for benchmarks/device/pfl.sh; on the GPU machine
+# pfl and fedlab_nb share one environment: dp-accounting 0.5.1 satisfies both, and flwr, the conflict here, is absent)
 fashion=${FASHION_DIR:-/usr/share/datasets/fashion-mnist}
 cp "$fashion"/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz .device-data/fashion_mnist/
 du -sh .whl .device-data
