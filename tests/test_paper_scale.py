@@ -143,3 +143,25 @@ def test_paper_sized_names_claims_of_the_file_and_marks_the_rest_smoke_sized(tmp
     assert "h [smoke size]: ours" in paper_scale_text({"paper_scale_result": smoke})
     assert "at the paper's size: s" in paper_scale._result_text(smoke)
     assert "at the paper's size" not in paper_scale._result_text(older)
+
+
+def _numbers(metrics: dict) -> dict:
+    """The metrics that are plain numbers or lists of them (what a re-run must give again)."""
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float, list)) and not isinstance(v, bool)}
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("paper_id", ["aggregate_responses", "locational_dp"])   # the two quickest (~20 s, ~50 s)
+def test_a_paper_scale_rerun_from_this_checkout_gives_the_stored_numbers(paper_id, tmp_path):
+    """`reproduce ID --scale paper` here gives the stored result again: every claim's verdict, and on the CPU that
+    stored it (same model name and kernel level) every number bit for bit; on another CPU, float rounding may
+    differ, so only the verdicts are held to."""
+    from fedlab_nb.cli import main
+    from fedlab_nb.repro.runner import cpu_name
+    stored = json.loads((ROOT / "papers" / "paper_scale" / f"{paper_id}.json").read_text())
+    main(["--results", str(tmp_path), "reproduce", paper_id, "--scale", "paper", "--force", "-j", "1"])
+    again = json.loads((tmp_path / f"{paper_id}-paper.json").read_text())
+    assert again["error"] is None and again["hash"] == stored["hash"]
+    assert {c["id"]: c["verdict"] for c in again["claims"]} == {c["id"]: c["verdict"] for c in stored["claims"]}
+    if cpu_name() == stored["cpu"]:
+        assert _numbers(again["metrics"]) == _numbers(stored["metrics"])
