@@ -351,3 +351,49 @@ def test_bench_pfl_defaults_select_workloads(tmp_path, monkeypatch):  # held: th
     monkeypatch.setattr(bench, "summary", lambda table: table)
     bench.main(["--tiny", "--no-pfl", "--headline", "no", "--out", str(tmp_path), "--clients", "10"])
     assert ran == ["mlp-16"] and os.path.exists(tmp_path / "bench_pfl.csv")
+
+
+# ================================================================================ checkpoints a user is handed
+@pytest.fixture(scope="module")
+def half_run(tmp_path_factory, fed4):
+    """A checkpoint of a 3-round run stopped after round 1 (its fingerprint matches the run that resumes it)."""
+    path = tmp_path_factory.mktemp("ckpt") / "run.pt"
+
+    def stop(r, theta, row):
+        if r >= 1:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        fl.simulate("fedavg", fed4, checkpoint=path, callback=stop, **CKPT)
+    return path, torch.load(path, weights_only=True)
+
+
+CKPT = dict(model="logreg", rounds=3, local_epochs=1, batch_size=8, lr=0.1, progress=False, seed=0, clients_per_round=2)
+
+
+@F_(13, "a checkpoint whose fingerprint matches but whose contents are not the run's (θ of another length or dtype, "
+        "NaN θ, a round out of range, rows / state / store of the wrong type) is loaded: bare errors deep in the run, "
+        "honest clients blamed for the NaN θ, or a History silently cut short (round 10**6: one row)")
+@pytest.mark.parametrize("edit", [dict(theta=torch.zeros(3)), dict(theta="nan"), dict(theta="double"),
+                                  dict(round=10 ** 6), dict(round=-5), dict(round="1"), dict(rows="abc"),
+                                  dict(state=None), dict(store={"x": 1})],
+                         ids=["theta short", "theta nan", "theta f64", "round huge", "round -5", "round str",
+                              "rows str", "state None", "store junk"])
+def test_resume_refuses_a_tampered_checkpoint_naming_it(fed4, half_run, tmp_path, edit):
+    from fedlab_nb.engine.checkpoint import CheckpointError
+    path, good = half_run
+    if edit.get("theta") == "nan":
+        edit = dict(theta=torch.full_like(good["theta"], float("nan")))
+    elif edit.get("theta") == "double":
+        edit = dict(theta=good["theta"].double())
+    bad = tmp_path / "run.pt"
+    torch.save({**good, **edit}, bad)
+    with pytest.raises(CheckpointError, match="run.pt"):
+        fl.simulate("fedavg", fed4, checkpoint=bad, resume=True, **CKPT)
+
+
+def test_resume_of_an_untouched_checkpoint_finishes_the_run(fed4, half_run, tmp_path):  # held
+    path, good = half_run
+    copy = tmp_path / "run.pt"
+    torch.save(good, copy)
+    h = fl.simulate("fedavg", fed4, checkpoint=copy, resume=True, **CKPT)
+    assert len(h) == 3 and torch.equal(h.theta, fl.simulate("fedavg", fed4, **CKPT).theta)
