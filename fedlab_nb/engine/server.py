@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -23,7 +24,7 @@ from ..core.round import DataPoison, ScoredPoison
 from ..core.streams import ATTACK, BATCHES, DOWNLINK, POISON, SAMPLE, STRAGGLE, TRANSFORM
 from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
-from ..utils import check_positive_int, check_seed, rng
+from ..utils import check_loss, check_positive_int, check_seed, rng
 from . import batched
 from .checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
@@ -412,6 +413,9 @@ def empty_info(s: RoundSetup, r: int, theta: torch.Tensor) -> RoundInfo:
 def build_model(model, fed: FederatedDataset, seed: int, model_kwargs=None) -> torch.nn.Module:
     """A model by name with θ₀ drawn from `seed` (the same θ₀ in-process and on Flower), or the given module;
     its output size must equal the data set's class count (regression: the target width)."""
+    if model_kwargs is not None and not isinstance(model_kwargs, Mapping):
+        raise TypeError(f"model_kwargs must be a mapping of the model's keyword arguments, e.g. {{'hidden': (64,)}}, "
+                        f"got {type(model_kwargs).__name__}")
     if isinstance(model, str):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -422,13 +426,31 @@ def build_model(model, fed: FederatedDataset, seed: int, model_kwargs=None) -> t
 
 
 def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
-    """A classifier must have exactly one output per class: fewer fails deep in torch, more is a silent bug."""
+    """The model must be one flat vector of one float dtype and run on the data's inputs; a classifier must have
+    exactly one output per class: fewer fails deep in torch, more is a silent bug."""
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    if not dtypes:
+        raise ValueError(f"the model ({type(model).__name__}) has no parameters: there is nothing to train")
+    if len(dtypes) > 1:
+        raise ValueError(f"the model's parameters mix dtypes {', '.join(dtypes)}: simulate trains them as one flat "
+                         "vector of one dtype; convert the model with model.float() (or model.double())")
+    was, x = model.training, fed.x_test[:1]
+    try:
+        with torch.no_grad():
+            out = model.eval()(x)  # eval mode: a BatchNorm's running statistics stay as they are
+    except RuntimeError as e:
+        if x.dtype == next(model.parameters()).dtype:
+            raise
+        raise ValueError(f"the model cannot run on the data: its inputs have dtype {x.dtype} and the model's "
+                         f"parameters {dtypes[0]} ({str(e)[:80]}); convert the data (x.float()) or build the model "
+                         "in the data's dtype (model.double())") from None
+    finally:
+        model.train(was)
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"the model's forward returns a {type(out).__name__}, not a tensor of outputs; return "
+                         "the outputs (logits) tensor")
     if criterion is not None:
         return
-    was = model.training
-    with torch.no_grad():
-        out = model.eval()(fed.x_test[:1])  # eval mode: a BatchNorm's running statistics stay as they are
-    model.train(was)
     if out.dim() != 2 or out.shape[1] != fed.num_classes:
         raise ValueError(f"the model has {tuple(out.shape[1:])} outputs but the data set has {fed.num_classes} classes; "
                          f"build it with {fed.num_classes} outputs (e.g. make_model(name, fed.input_shape, "
@@ -489,6 +511,9 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     dev = fed.device
     model = build_model(model, fed, seed, model_kwargs)
     check_model_outputs(model, fed, loss)
+    check_loss(loss)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be a function (round, theta, row) -> None, got {type(callback).__name__}")
     K = fed.num_clients
     sampler = make_sampler(clients_per_round, K)
     if declares(method.rule, ChecksSampler):  # DP: the sampling its accountant assumes, before round 1
