@@ -139,8 +139,6 @@ def test_a_model_that_casts_its_inputs_itself_still_runs():  # held (and must st
     assert h.theta.dtype == torch.float64 and torch.isfinite(h.theta).all()
 
 
-@F_(2, "int32 / int16 class ids (from_clients with np.int32 labels) pass the data check, then cross-entropy fails "
-       "with a bare 'expected target dtype to be Long'; uint8 labels train on loop but crash on vmap")
 @pytest.mark.parametrize("ydt, backend", [(np.int32, "loop"), (np.int32, "vmap"), (np.int16, "loop"),
                                          (np.uint8, "vmap")])
 def test_labels_of_any_integer_dtype_from_clients_train(ydt, backend):
@@ -148,8 +146,6 @@ def test_labels_of_any_integer_dtype_from_clients_train(ydt, backend):
     assert torch.isfinite(h.theta).all()
 
 
-@F_(2, "a Dataset with int32 labels is accepted by federate's data check (its docstring says y is int64) and "
-       "fails in torch at the first step")
 def test_a_dataset_with_non_int64_labels_is_refused_naming_y():
     from fedlab_nb.data.datasets import Dataset
     from fedlab_nb.data.partition import Partition

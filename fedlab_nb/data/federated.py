@@ -21,6 +21,9 @@ def _check_dataset(dataset: Dataset, parts: Partition) -> None:
         if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
             raise ValueError(f"{dataset.name}: y_{split} must hold integer class ids (e.g. torch.int64), "
                              f"got {y.dtype}; convert with .long() after removing NaN labels")
+        if y.dtype != torch.int64:  # cross-entropy takes int64 targets; vmap's gather takes no uint8 index
+            raise ValueError(f"{dataset.name}: y_{split} holds {y.dtype} class ids; the losses need torch.int64: "
+                             f"convert with y_{split}.long()")
         bad = (y < 0) | (y >= k)
         if bad.any():
             rows = bad.nonzero().flatten()
@@ -37,6 +40,12 @@ def _check_dataset(dataset: Dataset, parts: Partition) -> None:
     if low < 0 or high >= n:
         raise ValueError(f"the partition refers to training rows {low} … {high} but {dataset.name} has rows "
                          f"0 … {n - 1}; build the partition from this data set's labels (dataset.y_train.numpy())")
+
+
+def _class_ids(y: torch.Tensor) -> torch.Tensor:
+    """Integer labels of any width (np.int32, uint8 ...) as the int64 class ids the losses take; others as given."""
+    integer = not (y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool)
+    return y.long() if integer else y
 
 
 class FederatedDataset:
@@ -95,10 +104,12 @@ class FederatedDataset:
         target width."""
         xs = [torch.as_tensor(np.asarray(x)) for x, _ in clients]
         ys = [torch.as_tensor(np.asarray(y)) for _, y in clients]
+        ys = [_class_ids(y) for y in ys]
         if not xs or any(len(x) != len(y) or len(y) == 0 for x, y in zip(xs, ys)):
             raise ValueError("clients must be a non-empty list of (x, y) with len(x) == len(y) >= 1 per client")
         x, y = torch.cat(xs), torch.cat(ys)
         x_test, y_test = (x, y) if test is None else (torch.as_tensor(np.asarray(t)) for t in test)
+        y_test = _class_ids(y_test)
         regression = y.dtype.is_floating_point
         if num_classes is None:
             num_classes = (int(y[0].numel()) if regression else int(max(y.max(), y_test.max())) + 1)
