@@ -357,9 +357,6 @@ def half_run(tmp_path_factory, fed4):
 CKPT = dict(model="logreg", rounds=3, local_epochs=1, batch_size=8, lr=0.1, progress=False, seed=0, clients_per_round=2)
 
 
-@F_(13, "a checkpoint whose fingerprint matches but whose contents are not the run's (θ of another length or dtype, "
-        "NaN θ, a round out of range, rows / state / store of the wrong type) is loaded: bare errors deep in the run, "
-        "honest clients blamed for the NaN θ, or a History silently cut short (round 10**6: one row)")
 @pytest.mark.parametrize("edit", [dict(theta=torch.zeros(3)), dict(theta="nan"), dict(theta="double"),
                                   dict(round=10 ** 6), dict(round=-5), dict(round="1"), dict(rows="abc"),
                                   dict(state=None), dict(store={"x": 1})],

@@ -26,7 +26,7 @@ from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
 from ..utils import check_loss, check_positive_int, check_seed, rng
 from . import batched
-from .checkpoint import fingerprint, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
 from .history import History
@@ -534,7 +534,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
             "fingerprint": run_id, "backend_used": backend}
     ckpt = Path(checkpoint) if checkpoint else None
     if resume and ckpt and ckpt.exists():
-        theta, state, rows, start = _resume(ckpt, run_id, dev, store, model)
+        theta, state, rows, start = _resume(ckpt, run_id, dev, store, model, theta, rounds)
 
     from tqdm.auto import tqdm
     bar = tqdm(range(start, rounds), desc=method.name, disable=not progress, leave=False)
@@ -597,12 +597,38 @@ def _client_defaults(method: Method, theta: torch.Tensor, groups, model) -> dict
     return defaults
 
 
-def _resume(ckpt: Path, run_id: str, dev, store: ClientStore, model=None):
+def _resume(ckpt: Path, run_id: str, dev, store: ClientStore, model=None, theta0=None, rounds=None):
     saved = load_checkpoint(ckpt, dev)
     if saved.get("fingerprint") != run_id:
         raise ValueError(f"checkpoint {ckpt} was written by a different run configuration; "
                          "delete it, point checkpoint= elsewhere, or pass resume=False to start over")
-    store.load_state_dict(saved["store"])
+    _check_saved(ckpt, saved, theta0, rounds)
+    try:
+        store.load_state_dict(saved["store"])
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt}: its client store cannot be loaded ({type(e).__name__}: "
+                              f"{str(e)[:100]}); delete it or pass resume=False to start over") from None
     if model is not None and saved.get("buffers") is not None and saved["buffers"].numel():
         load_buffers(model, saved["buffers"])  # the global BatchNorm running statistics
     return saved["theta"], saved["state"], saved["rows"], saved["round"] + 1
+
+
+def _check_saved(ckpt: Path, saved: dict, theta0, rounds) -> None:
+    """A checkpoint with the run's fingerprint still holds what this run wrote: θ of θ₀'s length and dtype and
+    finite, the last round done in [0, rounds), History rows and method state of the right kinds."""
+    theta, r, why = saved["theta"], saved["round"], None
+    if not isinstance(theta, torch.Tensor) or (theta0 is not None and (theta.shape != theta0.shape
+                                                                       or theta.dtype != theta0.dtype)):
+        why = "its θ is not a vector of this model's length and dtype"
+    elif not torch.isfinite(theta).all():
+        why = "its θ holds NaN or inf"
+    elif isinstance(r, bool) or not isinstance(r, int) or r < 0 or (rounds is not None and r >= rounds):
+        why = f"its last round {r!r} is not a round of this run (0 … {rounds - 1 if rounds else '?'})"
+    elif not isinstance(saved["rows"], list) or not all(isinstance(row, dict) for row in saved["rows"]) \
+            or len(saved["rows"]) > r + 1:
+        why = "its History rows are not a list of at most one row per round"
+    elif not isinstance(saved["state"], dict) or not isinstance(saved["store"], dict):
+        why = "its method state or client store is not a mapping"
+    if why:
+        raise CheckpointError(f"checkpoint {ckpt} has this run's fingerprint but {why}: it was altered; delete it or "
+                              "pass resume=False to start over")
