@@ -251,8 +251,6 @@ def store_setup(tmp_path, **over):
     return root, results
 
 
-@F_(7, "store keeps results/ID-paper.json whatever run it holds: a smoke result (or another paper's) renamed to "
-       "ID-paper.json is stored and tabled as the paper-scale result")
 @pytest.mark.parametrize("over", [dict(scale="smoke"), dict(paper="other")], ids=["smoke result", "other paper"])
 def test_store_refuses_a_result_of_another_scale_or_paper(tmp_path, over):
     root, results = store_setup(tmp_path, **over)
@@ -261,7 +259,6 @@ def test_store_refuses_a_result_of_another_scale_or_paper(tmp_path, over):
     assert not (root / "papers" / "paper_scale" / "tiny.json").exists()
 
 
-@F_(8, "store with `figures: null` (or figure_data) in the result: bare TypeError 'NoneType' object is not iterable")
 @pytest.mark.parametrize("field", ["figures", "figure_data"])
 def test_store_with_a_null_figure_list_is_one_line(tmp_path, field):
     root, results = store_setup(tmp_path, **{field: None})
@@ -269,8 +266,6 @@ def test_store_with_a_null_figure_list_is_one_line(tmp_path, field):
         script(REPO / "scripts" / "paper_scale.py").store("tiny", results, root)
 
 
-@F_(9, "two figures with the same file name in different folders: store copies both to ID/<name>, the second "
-       "silently replaces the first and the stored record lists the name twice")
 def test_store_does_not_lose_a_figure_to_a_name_clash(tmp_path):
     root, results = store_setup(tmp_path, figures=["tiny-paper/a/main.png", "tiny-paper/b/main.png"])
     for d in "ab":
@@ -280,9 +275,6 @@ def test_store_does_not_lose_a_figure_to_a_name_clash(tmp_path):
         script(REPO / "scripts" / "paper_scale.py").store("tiny", results, root)
 
 
-@F_(10, "the paper-scale table (and --check) crash on a stored result with a non-number wall_seconds or a "
-        "non-text git_commit / cpu (bare TypeError), and copy its verdict / cpu text raw (escapes, '|', newlines) "
-        "into docs/paper_scale.md")
 @pytest.mark.parametrize("over", [dict(wall_seconds="x"), dict(git_commit=5),
                                   dict(cpu="\x1b[2Jevil|x\ny"), dict(verdict="reproduced\x1b[2J|x\ny")],
                          ids=["wall str", "commit int", "cpu control", "verdict control"])
