@@ -372,3 +372,15 @@ def test_resume_of_an_untouched_checkpoint_finishes_the_run(fed4, half_run, tmp_
     torch.save(good, copy)
     h = fl.simulate("fedavg", fed4, checkpoint=copy, resume=True, **CKPT)
     assert len(h) == 3 and torch.equal(h.theta, fl.simulate("fedavg", fed4, **CKPT).theta)
+
+
+# ================================================================================ Flower: the same model checks
+@F_(14, "the Flower adapter's set-up does not check the model as simulate does: a model with 3 outputs for 10 "
+        "classes, or in float64 on float32 data, is accepted and fails later in a client's training")
+@pytest.mark.parametrize("which", ["outputs", "dtype"])
+def test_flower_setup_checks_the_model_as_simulate_does(fed4, which):
+    pytest.importorskip("flwr")
+    from fedlab_nb.flower import _setup
+    model = nn.Linear(64, 3) if which == "outputs" else nn.Sequential(nn.Flatten(), nn.Linear(64, 10).double())
+    with pytest.raises(ValueError, match="outputs" if which == "outputs" else "dtype"):
+        _setup("fedavg", fed4, model, rounds=1, clients_per_round=2)
