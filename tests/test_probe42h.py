@@ -375,8 +375,6 @@ def test_resume_of_an_untouched_checkpoint_finishes_the_run(fed4, half_run, tmp_
 
 
 # ================================================================================ Flower: the same model checks
-@F_(14, "the Flower adapter's set-up does not check the model as simulate does: a model with 3 outputs for 10 "
-        "classes, or in float64 on float32 data, is accepted and fails later in a client's training")
 @pytest.mark.parametrize("which", ["outputs", "dtype"])
 def test_flower_setup_checks_the_model_as_simulate_does(fed4, which):
     pytest.importorskip("flwr")
