@@ -382,3 +382,12 @@ def test_flower_setup_checks_the_model_as_simulate_does(fed4, which):
     model = nn.Linear(64, 3) if which == "outputs" else nn.Sequential(nn.Flatten(), nn.Linear(64, 10).double())
     with pytest.raises(ValueError, match="outputs" if which == "outputs" else "dtype"):
         _setup("fedavg", fed4, model, rounds=1, clients_per_round=2)
+
+
+@F_(15, "simulate_seeds does not check the model against the data as simulate does: float64 inputs with a named "
+        "model end in torch's bare 'mat1 and mat2 must have the same dtype'")
+def test_simulate_seeds_checks_the_data_against_the_model():
+    from fedlab_nb.engine.seeds import simulate_seeds
+    with pytest.raises(ValueError, match="dtype"):
+        simulate_seeds(fl.get_method("fedavg"), clients(np.float64, np.int64), "logreg", seeds=[0, 1], rounds=1,
+                       clients_per_round=2)
