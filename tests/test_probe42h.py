@@ -384,8 +384,6 @@ def test_flower_setup_checks_the_model_as_simulate_does(fed4, which):
         _setup("fedavg", fed4, model, rounds=1, clients_per_round=2)
 
 
-@F_(15, "simulate_seeds does not check the model against the data as simulate does: float64 inputs with a named "
-        "model end in torch's bare 'mat1 and mat2 must have the same dtype'")
 def test_simulate_seeds_checks_the_data_against_the_model():
     from fedlab_nb.engine.seeds import simulate_seeds
     with pytest.raises(ValueError, match="dtype"):
