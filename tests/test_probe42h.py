@@ -389,3 +389,27 @@ def test_simulate_seeds_checks_the_data_against_the_model():
     with pytest.raises(ValueError, match="dtype"):
         simulate_seeds(fl.get_method("fedavg"), clients(np.float64, np.int64), "logreg", seeds=[0, 1], rounds=1,
                        clients_per_round=2)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.bool_, np.uint8, np.int32])
+def test_flower_reply_of_another_dtype_is_refused_naming_the_client(dtype):  # held
+    pytest.importorskip("flwr")
+    from test_probe42c import flower_reply, flower_strategy
+    s = flower_strategy(fl.federate("digits", "iid", n_clients=10, seed=0))
+    bad = np.ones(s.theta.numel(), dtype)
+    with pytest.raises(ValueError, match="client 0"):
+        s.aggregate_train(1, [flower_reply(s, 0, bad), flower_reply(s, 1), flower_reply(s, 2)])
+
+
+@F_(16, "scripts/paper_scale.py writes docs/paper_scale.md with write_text: a symbolic link there (a cloned "
+        "repository can hold one) is written through, replacing its target with the table")
+def test_paper_scale_table_is_not_written_through_a_link(tmp_path, monkeypatch):
+    module = script(REPO / "scripts" / "paper_scale.py")
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "paper_scale.md").symlink_to(victim)
+    monkeypatch.setattr(module, "TABLE", tmp_path / "paper_scale.md")
+    monkeypatch.setattr(module, "table", lambda root=None: "the table\n")
+    with pytest.raises(SystemExit, match="link"):
+        module.main([])
+    assert victim.read_text() == "precious"
