@@ -150,7 +150,10 @@ def main(argv=None) -> int:
             print(f"{TABLE} is out of date: run scripts/paper_scale.py", file=sys.stderr)
             return 1
         return 0
-    TABLE.write_text(text)
+    try:
+        write_atomic(TABLE, text)  # a link at docs/paper_scale.md is refused, never written through
+    except ReproError as e:
+        raise SystemExit(f"{e}; the table is not written") from None
     print(f"wrote {TABLE}")
     return 0
 

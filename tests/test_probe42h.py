@@ -401,8 +401,6 @@ def test_flower_reply_of_another_dtype_is_refused_naming_the_client(dtype):  # h
         s.aggregate_train(1, [flower_reply(s, 0, bad), flower_reply(s, 1), flower_reply(s, 2)])
 
 
-@F_(16, "scripts/paper_scale.py writes docs/paper_scale.md with write_text: a symbolic link there (a cloned "
-        "repository can hold one) is written through, replacing its target with the table")
 def test_paper_scale_table_is_not_written_through_a_link(tmp_path, monkeypatch):
     module = script(REPO / "scripts" / "paper_scale.py")
     victim = tmp_path / "victim"
