@@ -411,3 +411,20 @@ def test_paper_scale_table_is_not_written_through_a_link(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="link"):
         module.main([])
     assert victim.read_text() == "precious"
+
+
+@F_(17, "bench_seeds / bench_scale / bench_round take --clients 0, --seeds 0, --rounds 0 or an unknown backend "
+        "to a traceback (bench_scale's after a subprocess has started; the message names n_clients, not --clients)")
+@pytest.mark.parametrize("name, args", [("bench_seeds", ["--clients", "0"]), ("bench_seeds", ["--seeds", "0"]),
+                                        ("bench_seeds", ["--backends", "bogus"]), ("bench_scale", ["--clients", "0"]),
+                                        ("bench_scale", ["--backends", "bogus"]), ("bench_round", ["--clients", "-3"]),
+                                        ("bench_round", ["--rounds", "0"]), ("bench_round", ["--backend", "bogus"])])
+def test_benchmark_arguments_are_checked_by_argparse(tmp_path, name, args):
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{name}.py"), *args, "--out", str(tmp_path)]
+                          if name != "bench_round" else [sys.executable, str(REPO / "benchmarks" / f"{name}.py"), *args],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+    assert done.returncode == 2 and "Traceback" not in done.stderr and args[0] in last, done.stderr[-500:]
