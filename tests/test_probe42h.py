@@ -413,8 +413,6 @@ def test_paper_scale_table_is_not_written_through_a_link(tmp_path, monkeypatch):
     assert victim.read_text() == "precious"
 
 
-@F_(17, "bench_seeds / bench_scale / bench_round take --clients 0, --seeds 0, --rounds 0 or an unknown backend "
-        "to a traceback (bench_scale's after a subprocess has started; the message names n_clients, not --clients)")
 @pytest.mark.parametrize("name, args", [("bench_seeds", ["--clients", "0"]), ("bench_seeds", ["--seeds", "0"]),
                                         ("bench_seeds", ["--backends", "bogus"]), ("bench_scale", ["--clients", "0"]),
                                         ("bench_scale", ["--backends", "bogus"]), ("bench_round", ["--clients", "-3"]),
