@@ -440,3 +440,22 @@ def test_gather_path_gives_the_same_run_as_the_full_copy(method, kw, monkeypatch
     copied = fl.simulate(method, fed, "mlp", **run)
     assert torch.equal(gathered.theta, copied.theta)
     assert gathered["train_loss"].tolist() == copied["train_loss"].tolist()
+
+
+def _ignores_reduction(outputs, y, **kw):
+    return F.cross_entropy(outputs, y)
+
+
+@F_(18, "a loss that takes reduction= but ignores it (always the mean): on loop the run's test_loss is silently "
+        "the mean divided by the test-set size (0.0005 instead of 1.72), on vmap a bare IndexError")
+@pytest.mark.parametrize("backend", ["loop", "vmap"])
+def test_a_loss_that_ignores_reduction_is_refused(fed4, backend):
+    with pytest.raises(ValueError, match=r"\bloss\b.*reduction"):
+        fl.simulate("fedavg", fed4, "logreg", loss=_ignores_reduction, backend=backend, **KW)
+
+
+def test_dp_rule_with_simulate_seeds_is_refused(fed4):  # held: simulate_seeds never runs DP (no sampler check there)
+    from fedlab_nb.engine.seeds import simulate_seeds
+    method = dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.1)
+    with pytest.raises(ValueError, match="cannot batch"):
+        simulate_seeds(method, fed4, "logreg", seeds=[0, 1], rounds=1, clients_per_round=2)
