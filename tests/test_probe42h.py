@@ -446,8 +446,6 @@ def _ignores_reduction(outputs, y, **kw):
     return F.cross_entropy(outputs, y)
 
 
-@F_(18, "a loss that takes reduction= but ignores it (always the mean): on loop the run's test_loss is silently "
-        "the mean divided by the test-set size (0.0005 instead of 1.72), on vmap a bare IndexError")
 @pytest.mark.parametrize("backend", ["loop", "vmap"])
 def test_a_loss_that_ignores_reduction_is_refused(fed4, backend):
     with pytest.raises(ValueError, match=r"\bloss\b.*reduction"):

@@ -434,7 +434,7 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
     if len(dtypes) > 1:
         raise ValueError(f"the model's parameters mix dtypes {', '.join(dtypes)}: simulate trains them as one flat "
                          "vector of one dtype; convert the model with model.float() (or model.double())")
-    was, x = model.training, fed.x_test[:1]
+    was, x = model.training, fed.x_test[:2]
     try:
         with torch.no_grad():
             out = model.eval()(x)  # eval mode: a BatchNorm's running statistics stay as they are
@@ -450,11 +450,27 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
         raise ValueError(f"the model's forward returns a {type(out).__name__}, not a tensor of outputs; return "
                          "the outputs (logits) tensor")
     if criterion is not None:
-        return
+        return _check_reductions(criterion, out, fed.y_test[:len(out)])
     if out.dim() != 2 or out.shape[1] != fed.num_classes:
         raise ValueError(f"the model has {tuple(out.shape[1:])} outputs but the data set has {fed.num_classes} classes; "
                          f"build it with {fed.num_classes} outputs (e.g. make_model(name, fed.input_shape, "
                          f"fed.num_classes)), or pass loss= for a non-classification objective")
+
+
+def _check_reductions(criterion, out: torch.Tensor, y: torch.Tensor) -> None:
+    """A custom loss honours reduction= as torch.nn.functional losses do (per-row values, their sum, their mean):
+    the engine evaluates with 'sum' and the vmap backend trains with 'none', so one that ignores it would be a
+    silently wrong test loss or a deep error."""
+    with torch.no_grad():
+        rows, total, mean = (torch.as_tensor(criterion(out, y, reduction=r)) for r in ("none", "sum", "mean"))
+    ok = rows.dim() >= 1 and rows.shape[0] == len(out) and total.numel() == 1 and mean.numel() == 1 \
+        and torch.allclose(total.double(), rows.double().sum(), rtol=1e-4, atol=1e-6) \
+        and torch.allclose(mean.double(), rows.double().mean(), rtol=1e-4, atol=1e-6)
+    if not ok:
+        raise ValueError(f"loss does not honour reduction=: on {len(out)} rows it gave shapes {tuple(rows.shape)} "
+                         f"('none'), {tuple(total.shape)} ('sum'), {tuple(mean.shape)} ('mean'); return the per-row "
+                         "values for 'none', their sum for 'sum' and their mean for 'mean', as torch.nn.functional "
+                         "losses do")
 
 
 def check_poison(poison, num_clients: int) -> None:
@@ -510,8 +526,8 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
         fed.to(device)
     dev = fed.device
     model = build_model(model, fed, seed, model_kwargs)
-    check_model_outputs(model, fed, loss)
     check_loss(loss)
+    check_model_outputs(model, fed, loss)
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be a function (round, theta, row) -> None, got {type(callback).__name__}")
     K = fed.num_clients
