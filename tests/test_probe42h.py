@@ -457,3 +457,21 @@ def test_dp_rule_with_simulate_seeds_is_refused(fed4):  # held: simulate_seeds n
     method = dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.1)
     with pytest.raises(ValueError, match="cannot batch"):
         simulate_seeds(method, fed4, "logreg", seeds=[0, 1], rounds=1, clients_per_round=2)
+
+
+# ================================================================================ FederatedDataset.from_clients input
+@F_(19, "from_clients does not check its input: a non-list, a bare array or ragged / text arrays are bare numpy or "
+        "torch errors, 2-D (one-hot) integer labels fail at the first step ('multi-target not supported'), a test set "
+        "of another width fails at evaluation, and NaN regression targets are accepted (silently NaN losses)")
+@pytest.mark.parametrize("case", ["int", "bare array", "ragged", "text", "one-hot", "test width", "nan target"])
+def test_from_clients_bad_input_is_a_named_error(case):
+    x = np.random.default_rng(0).normal(size=(10, 3)).astype(np.float32)
+    y = np.arange(10) % 3
+    args, kw = {"int": (5,), "bare array": ([x],), "ragged": ([([[1.0], [1.0, 2.0]], [0, 1])],),
+                "text": ([(np.array(["a"] * 10, dtype=object), y)],), "one-hot": ([(x, np.eye(3, dtype=int)[y])],),
+                "test width": ([(x, y)],), "nan target": ([(x, np.full(10, np.nan))],)}[case], {}
+    if case == "test width":
+        kw = dict(test=(np.zeros((4, 5), np.float32), np.zeros(4, int)))
+    with pytest.raises(ValueError, match=r"clients|test|\by\b"):
+        fed = FederatedDataset.from_clients(*args, **kw)
+        fl.simulate("fedavg", fed, "logreg", **KW)
