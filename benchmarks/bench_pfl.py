@@ -99,7 +99,12 @@ def synthetic_images(users: int, side: int, rows: int, classes: int = 10, test: 
 def pfl_python() -> Path | None:
     """The interpreter of the pfl environment (FEDLAB_PFL_PYTHON, else .venv-pfl/bin/python), or None."""
     path = Path(os.environ.get("FEDLAB_PFL_PYTHON", ROOT / ".venv-pfl" / "bin" / "python"))
-    return path if path.exists() else None
+    if not path.exists():
+        return None
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise SystemExit(f"FEDLAB_PFL_PYTHON / .venv-pfl: {path} is not an executable python interpreter; point "
+                         "FEDLAB_PFL_PYTHON at one (e.g. .venv-pfl/bin/python) or pass --no-pfl")
+    return path
 
 
 SKIP_MESSAGE = ("pfl: skipped (no .venv-pfl; create it with `bash scripts/setup_pfl.sh`, "
@@ -297,7 +302,16 @@ def parse_args(argv):
     ap.add_argument("--device", default="cpu",
                     help="cpu (default) or cuda: both sides train there; the table then gives wall seconds, no Flower")
     ap.add_argument("--out", default=str(HERE / "results"))
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    workloads = TINY if args.tiny else FULL
+    for option, given, known in (("--models", args.models, {w[3] for w in workloads}),
+                                 ("--clients", args.clients, {str(w[2]) for w in workloads}),
+                                 ("--backends", args.backends, {"loop", "vmap", "fused"})):
+        unknown = [v for v in (given or "").split(",") if given is not None and v not in known]
+        if unknown:
+            ap.error(f"{option} {','.join(unknown)!r} matches no {'--tiny ' if args.tiny else ''}workload; "
+                     f"choose from {','.join(sorted(known))}")
+    return args
 
 
 def check_device(name: str) -> str:

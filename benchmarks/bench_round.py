@@ -18,15 +18,26 @@ import torch
 
 import fedlab_nb as fl
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="mlp")
 ap.add_argument("--hidden", default="64,32")
-ap.add_argument("--clients", type=int, default=100)
-ap.add_argument("--backend", default="vmap")
-ap.add_argument("--repeats", type=int, default=5)
+ap.add_argument("--clients", type=positive, default=100)
+ap.add_argument("--backend", choices=["loop", "vmap", "fused", "auto"], default="vmap")
+ap.add_argument("--repeats", type=positive, default=5)
 ap.add_argument("--dataset", default="mnist5k")
-ap.add_argument("--rounds", type=int, default=2)
-ap.add_argument("--batch-size", type=int, default=10)
+ap.add_argument("--rounds", type=positive, default=2)
+ap.add_argument("--batch-size", type=positive, default=10)
 ap.add_argument("--local-steps", type=int, default=None, help="steps per round (default: one epoch)")
 args = ap.parse_args()
 torch.set_num_threads(1)

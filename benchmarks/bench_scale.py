@@ -19,6 +19,25 @@ from pathlib import Path
 import pandas as pd
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def backends(text: str) -> str:
+    """An argparse type: comma-separated backends of simulate."""
+    unknown = [b for b in text.split(",") if b not in ("loop", "vmap", "fused")]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{','.join(unknown)!r} is not a backend; choose from loop,vmap,fused")
+    return text
+
+
 def peak_rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -40,9 +59,9 @@ def one(backend: str, clients: int, rounds: int) -> dict:
 
 def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=10_000)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--backends", default="vmap,fused")
+    ap.add_argument("--clients", type=positive, default=10_000)
+    ap.add_argument("--rounds", type=positive, default=2)
+    ap.add_argument("--backends", type=backends, default="vmap,fused")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one backend in this process -> JSON
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)

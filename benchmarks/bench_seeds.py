@@ -18,6 +18,25 @@ import fedlab_nb as fl
 from fedlab_nb.engine.seeds import simulate_seeds
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def backends(text: str) -> str:
+    """An argparse type: comma-separated backends of simulate."""
+    unknown = [b for b in text.split(",") if b not in ("loop", "vmap", "fused")]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{','.join(unknown)!r} is not a backend; choose from loop,vmap,fused")
+    return text
+
+
 def cpu_seconds(fn) -> float:
     start = time.process_time()
     fn()
@@ -26,11 +45,11 @@ def cpu_seconds(fn) -> float:
 
 def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--seeds", type=positive, default=5)
+    ap.add_argument("--rounds", type=positive, default=10)
+    ap.add_argument("--clients", type=positive, default=10)
     ap.add_argument("--dataset", default="mnist5k")
-    ap.add_argument("--backends", default="vmap,fused")
+    ap.add_argument("--backends", type=backends, default="vmap,fused")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
     seeds = list(range(args.seeds))

@@ -44,7 +44,7 @@ from .engine.client import make_loss, train_clients_loop
 from .engine.evaluate import Evaluator
 from .engine.history import History
 from .engine.sampling import check_sampled, make_sampler
-from .engine.server import (NonFiniteUpdateError, RoundSetup, RunConfig, build_model, client_round, downlink, local_job,
+from .engine.server import (NonFiniteUpdateError, RoundSetup, RunConfig, build_model, check_model_outputs, client_round, downlink, local_job,
                             nan_markers, quiet_round, server_update, uplink, warn_dropped_rounds)
 from .engine.store import ClientStore
 from .core.method import ChecksSampler, declares
@@ -105,6 +105,7 @@ def _setup(method, fed, model="mlp", *, rounds=20, clients_per_round=10, local_e
                     eval_every=eval_every, on_nonfinite=on_nonfinite)
     cfg.validate()
     model = build_model(model, fed, seed, model_kwargs)  # the same θ₀ as simulate(..., seed=seed)
+    check_model_outputs(model, fed, None)  # as simulate: one dtype, runs on the data, one output per class
     theta0 = flatten_params(model).to(fed.device)
     groups = method.groups.resolve(param_spec(model))
     rs = RoundSetup(method, fed, cfg, make_loss(model), groups, train_clients_loop)

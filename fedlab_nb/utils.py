@@ -1,6 +1,7 @@
 """Small shared helpers: device choice and seeded random streams."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -22,6 +23,24 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} asked for CUDA, but torch sees no GPU; use device='cpu' or 'auto'")
     return dev
+
+
+def check_loss(loss) -> None:
+    """`simulate(loss=...)`: None or a torch.nn.functional-style loss `(outputs, y, reduction='mean')` (the engine
+    evaluates with reduction='sum' and the vmap backend trains with reduction='none')."""
+    if loss is None:
+        return
+    if isinstance(loss, torch.nn.Module) or not callable(loss):
+        raise TypeError(f"loss must be a torch.nn.functional-style function (outputs, y, reduction='mean'), e.g. "
+                        f"torch.nn.functional.mse_loss, got {type(loss).__name__}")
+    try:
+        params = inspect.signature(loss).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a readable signature: taken as given
+        return
+    if not any(p.name == "reduction" or p.kind is p.VAR_KEYWORD for p in params):
+        raise TypeError("loss has no reduction= argument; the engine calls it with reduction='sum' (evaluation) and "
+                        "'none' (vmap): write it as def my_loss(outputs, y, reduction='mean') returning the mean, sum "
+                        "or per-row values")
 
 
 def rng(*keys: int) -> np.random.Generator:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from fedlab_nb.repro.claims import ReproError, check_paper_id, claims_path, load_paper, paper_ids  # noqa: E402
 from fedlab_nb.repro.files import make_folder, refuse_link, write_atomic  # noqa: E402
 from fedlab_nb.repro.report import paper_scale_label  # noqa: E402
-from fedlab_nb.repro.results import read_result, safe_figure, safe_output  # noqa: E402
+from fedlab_nb.repro.results import printable, read_result, safe_figure, safe_output  # noqa: E402
 from fedlab_nb.repro.runner import QUICK  # noqa: E402
 
 TABLE = ROOT / "docs" / "paper_scale.md"
@@ -45,17 +46,19 @@ def stored_result(paper_id: str, root: Path = ROOT) -> dict | None:
 
 
 def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ").strip() if text else "—"
+    return printable(text).replace("|", "\\|").strip() if text else "—"
 
 
 def _result_text(result: dict | None) -> str:
     if result is None:
         return "—"
-    minutes = (result.get("wall_seconds") or 0) / 60
+    wall = result.get("wall_seconds")
+    minutes = wall / 60 if isinstance(wall, (int, float)) and not isinstance(wall, bool) and math.isfinite(wall) else math.nan
     sized = [c["id"] for c in result.get("claims") or [] if c.get("at_paper_size")]
     smoke = any(c.get("at_paper_size") is False for c in result.get("claims") or [])
     part = f"; at the paper's size: {', '.join(sized)}" if smoke else ""
-    return f"{paper_scale_label(result)} ({minutes:.1f} min{part}, {result.get('cpu') or 'CPU'}, commit {(result.get('git_commit') or '?')[:7]})"
+    return _cell(f"{paper_scale_label(result)} ({minutes:.1f} min{part}, {result.get('cpu') or 'CPU'}, "
+                 f"commit {str(result.get('git_commit') or '?')[:7]})")
 
 
 def table(root: Path = ROOT) -> str:
@@ -95,8 +98,14 @@ def _store(paper_id: str, results: Path, root: Path) -> Path:
     data, problem = read_result(source)
     if problem:
         raise SystemExit(f"{source} {problem}; run `fedlab-nb reproduce {paper_id} --scale paper` first")
+    if data["paper"] != paper_id or data["scale"] != "paper":
+        raise SystemExit(printable(f"{source} holds the {data['paper']!r} run at scale {data['scale']!r}, not "
+                                   f"{paper_id!r} at scale 'paper'; nothing stored", 300))
     if data.get("error"):
         raise SystemExit(f"{source}: the run failed ({data['error'].get('ename')}); nothing stored")
+    for field in ("figures", "figure_data"):
+        if not isinstance(data.get(field, []), list):
+            raise SystemExit(f"{source}: field {field} is not a list of file names; nothing stored")
     if isinstance(data.get("parameters"), dict) and data["parameters"].get(QUICK):
         raise SystemExit(f"{source}: a quick run (quick=True: the paper's code path on a tiny budget, for the tests) "
                          "is not a paper-scale result; nothing stored")
@@ -107,6 +116,9 @@ def _store(paper_id: str, results: Path, root: Path) -> Path:
         if found is None:
             raise SystemExit(f"{source}: figure {name!r} is not a file inside {results} (an absolute path, '..', "
                              "a link out of it, or not a PNG); nothing stored")
+        if any(Path(name).name == kept for _, kept in copies):
+            raise SystemExit(printable(f"{source}: two figures are named {Path(name).name!r} (they would be stored "
+                                       "as one file); give the run's figures distinct names; nothing stored", 300))
         copies.append((found, Path(name).name))
     store_dir = make_folder(root / "papers" / "paper_scale")
     folder, path = refuse_link(store_dir / paper_id), refuse_link(store_dir / f"{paper_id}.json")
@@ -138,7 +150,10 @@ def main(argv=None) -> int:
             print(f"{TABLE} is out of date: run scripts/paper_scale.py", file=sys.stderr)
             return 1
         return 0
-    TABLE.write_text(text)
+    try:
+        write_atomic(TABLE, text)  # a link at docs/paper_scale.md is refused, never written through
+    except ReproError as e:
+        raise SystemExit(f"{e}; the table is not written") from None
     print(f"wrote {TABLE}")
     return 0
 

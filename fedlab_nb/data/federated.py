@@ -21,6 +21,9 @@ def _check_dataset(dataset: Dataset, parts: Partition) -> None:
         if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
             raise ValueError(f"{dataset.name}: y_{split} must hold integer class ids (e.g. torch.int64), "
                              f"got {y.dtype}; convert with .long() after removing NaN labels")
+        if y.dtype != torch.int64:  # cross-entropy takes int64 targets; vmap's gather takes no uint8 index
+            raise ValueError(f"{dataset.name}: y_{split} holds {y.dtype} class ids; the losses need torch.int64: "
+                             f"convert with y_{split}.long()")
         bad = (y < 0) | (y >= k)
         if bad.any():
             rows = bad.nonzero().flatten()
@@ -37,6 +40,23 @@ def _check_dataset(dataset: Dataset, parts: Partition) -> None:
     if low < 0 or high >= n:
         raise ValueError(f"the partition refers to training rows {low} … {high} but {dataset.name} has rows "
                          f"0 … {n - 1}; build the partition from this data set's labels (dataset.y_train.numpy())")
+
+
+def _numeric(values, what: str) -> torch.Tensor:
+    """`values` (an array, a list, a tensor) as a numeric tensor, or a ValueError naming it."""
+    try:
+        out = torch.as_tensor(np.asarray(values))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} is not a numeric array ({str(e)[:80]}); pass numbers, one row per sample") from None
+    if out.dim() == 0:
+        raise ValueError(f"{what} is a single number, not one row per sample")
+    return out
+
+
+def _class_ids(y: torch.Tensor) -> torch.Tensor:
+    """Integer labels of any width (np.int32, uint8 ...) as the int64 class ids the losses take; others as given."""
+    integer = not (y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool)
+    return y.long() if integer else y
 
 
 class FederatedDataset:
@@ -93,13 +113,30 @@ class FederatedDataset:
         Integer y are class ids and checked like any data set; float y are regression targets (e.g.
         FedAU's quadratic clients: y_k = c_k), for `simulate(..., loss=...)`; `num_classes` is then the
         target width."""
-        xs = [torch.as_tensor(np.asarray(x)) for x, _ in clients]
-        ys = [torch.as_tensor(np.asarray(y)) for _, y in clients]
-        if not xs or any(len(x) != len(y) or len(y) == 0 for x, y in zip(xs, ys)):
-            raise ValueError("clients must be a non-empty list of (x, y) with len(x) == len(y) >= 1 per client")
+        pairs = isinstance(clients, (list, tuple)) and all(isinstance(c, (list, tuple)) and len(c) == 2
+                                                            for c in clients)
+        if not pairs or not clients:
+            raise ValueError("clients must be a non-empty list of (x, y) pairs, one per client, got "
+                             f"{type(clients).__name__}")
+        xs = [_numeric(x, f"clients[{k}]'s x") for k, (x, _) in enumerate(clients)]
+        ys = [_class_ids(_numeric(y, f"clients[{k}]'s y")) for k, (_, y) in enumerate(clients)]
+        if any(len(x) != len(y) or len(y) == 0 or x.shape[1:] != xs[0].shape[1:] for x, y in zip(xs, ys)):
+            raise ValueError("clients must be a non-empty list of (x, y) with len(x) == len(y) >= 1 per client and "
+                             "rows of one shape")
         x, y = torch.cat(xs), torch.cat(ys)
-        x_test, y_test = (x, y) if test is None else (torch.as_tensor(np.asarray(t)) for t in test)
+        if test is not None and not (isinstance(test, (list, tuple)) and len(test) == 2):
+            raise ValueError(f"test must be one (x, y) pair, got {type(test).__name__}")
+        x_test, y_test = (x, y) if test is None else (_numeric(test[0], "test's x"), _numeric(test[1], "test's y"))
+        y_test = _class_ids(y_test)
+        if x_test.shape[1:] != x.shape[1:] or len(x_test) != len(y_test) or y_test.shape[1:] != y.shape[1:]:
+            raise ValueError(f"test's (x, y) of shapes {tuple(x_test.shape)}, {tuple(y_test.shape)} do not match the "
+                             f"clients' rows {tuple(x.shape[1:])}, {tuple(y.shape[1:])}")
         regression = y.dtype.is_floating_point
+        if not regression and y.dim() != 1:
+            raise ValueError(f"integer y must be class ids of shape [n], got shape {tuple(y.shape)}; one-hot labels: "
+                             "pass y.argmax(1) (float y are regression targets)")
+        if regression and not (torch.isfinite(y).all() and torch.isfinite(y_test).all()):
+            raise ValueError("clients' y (regression targets) hold NaN or inf; drop or impute those rows")
         if num_classes is None:
             num_classes = (int(y[0].numel()) if regression else int(max(y.max(), y_test.max())) + 1)
         ds = Dataset(name, x, y, x_test, y_test, int(num_classes), tuple(x.shape[1:]))

@@ -32,7 +32,7 @@ from .evaluate import Evaluator
 from .history import History
 from .rows import RoundRows
 from .sampling import make_sampler
-from .server import (RoundSetup, RunConfig, build_model, choose_backend, finish_clients, kernel, round_info, round_jobs,
+from .server import (RoundSetup, RunConfig, build_model, check_model_outputs, choose_backend, finish_clients, kernel, round_info, round_jobs,
                      server_update)
 
 
@@ -71,6 +71,8 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
     if isinstance(model, torch.nn.Module):
         raise ValueError("simulate_seeds draws each seed's θ₀ itself: pass the model by name ('mlp', 'cnn' ...)")
     models = [build_model(model, f, s, model_kwargs) for f, s in zip(feds, seeds)]
+    for m, f in zip(models, feds):
+        check_model_outputs(m, f, None)  # as simulate: the inputs' dtype, one output per class
     groups = method.groups.resolve(param_spec(models[0]))
     loss_fn = make_loss(models[0])
     backend = choose_backend(cfgs[0], method, models[0])

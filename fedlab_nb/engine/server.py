@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -23,9 +24,9 @@ from ..core.round import DataPoison, ScoredPoison
 from ..core.streams import ATTACK, BATCHES, DOWNLINK, POISON, SAMPLE, STRAGGLE, TRANSFORM
 from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
-from ..utils import check_positive_int, check_seed, rng
+from ..utils import check_loss, check_positive_int, check_seed, rng
 from . import batched
-from .checkpoint import fingerprint, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
 from .history import History
@@ -412,6 +413,9 @@ def empty_info(s: RoundSetup, r: int, theta: torch.Tensor) -> RoundInfo:
 def build_model(model, fed: FederatedDataset, seed: int, model_kwargs=None) -> torch.nn.Module:
     """A model by name with θ₀ drawn from `seed` (the same θ₀ in-process and on Flower), or the given module;
     its output size must equal the data set's class count (regression: the target width)."""
+    if model_kwargs is not None and not isinstance(model_kwargs, Mapping):
+        raise TypeError(f"model_kwargs must be a mapping of the model's keyword arguments, e.g. {{'hidden': (64,)}}, "
+                        f"got {type(model_kwargs).__name__}")
     if isinstance(model, str):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -422,17 +426,51 @@ def build_model(model, fed: FederatedDataset, seed: int, model_kwargs=None) -> t
 
 
 def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
-    """A classifier must have exactly one output per class: fewer fails deep in torch, more is a silent bug."""
+    """The model must be one flat vector of one float dtype and run on the data's inputs; a classifier must have
+    exactly one output per class: fewer fails deep in torch, more is a silent bug."""
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    if not dtypes:
+        raise ValueError(f"the model ({type(model).__name__}) has no parameters: there is nothing to train")
+    if len(dtypes) > 1:
+        raise ValueError(f"the model's parameters mix dtypes {', '.join(dtypes)}: simulate trains them as one flat "
+                         "vector of one dtype; convert the model with model.float() (or model.double())")
+    was, x = model.training, fed.x_test[:2]
+    try:
+        with torch.no_grad():
+            out = model.eval()(x)  # eval mode: a BatchNorm's running statistics stay as they are
+    except RuntimeError as e:
+        if x.dtype == next(model.parameters()).dtype:
+            raise
+        raise ValueError(f"the model cannot run on the data: its inputs have dtype {x.dtype} and the model's "
+                         f"parameters {dtypes[0]} ({str(e)[:80]}); convert the data (x.float()) or build the model "
+                         "in the data's dtype (model.double())") from None
+    finally:
+        model.train(was)
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"the model's forward returns a {type(out).__name__}, not a tensor of outputs; return "
+                         "the outputs (logits) tensor")
     if criterion is not None:
-        return
-    was = model.training
-    with torch.no_grad():
-        out = model.eval()(fed.x_test[:1])  # eval mode: a BatchNorm's running statistics stay as they are
-    model.train(was)
+        return _check_reductions(criterion, out, fed.y_test[:len(out)])
     if out.dim() != 2 or out.shape[1] != fed.num_classes:
         raise ValueError(f"the model has {tuple(out.shape[1:])} outputs but the data set has {fed.num_classes} classes; "
                          f"build it with {fed.num_classes} outputs (e.g. make_model(name, fed.input_shape, "
                          f"fed.num_classes)), or pass loss= for a non-classification objective")
+
+
+def _check_reductions(criterion, out: torch.Tensor, y: torch.Tensor) -> None:
+    """A custom loss honours reduction= as torch.nn.functional losses do (per-row values, their sum, their mean):
+    the engine evaluates with 'sum' and the vmap backend trains with 'none', so one that ignores it would be a
+    silently wrong test loss or a deep error."""
+    with torch.no_grad():
+        rows, total, mean = (torch.as_tensor(criterion(out, y, reduction=r)) for r in ("none", "sum", "mean"))
+    ok = rows.dim() >= 1 and rows.shape[0] == len(out) and total.numel() == 1 and mean.numel() == 1 \
+        and torch.allclose(total.double(), rows.double().sum(), rtol=1e-4, atol=1e-6) \
+        and torch.allclose(mean.double(), rows.double().mean(), rtol=1e-4, atol=1e-6)
+    if not ok:
+        raise ValueError(f"loss does not honour reduction=: on {len(out)} rows it gave shapes {tuple(rows.shape)} "
+                         f"('none'), {tuple(total.shape)} ('sum'), {tuple(mean.shape)} ('mean'); return the per-row "
+                         "values for 'none', their sum for 'sum' and their mean for 'mean', as torch.nn.functional "
+                         "losses do")
 
 
 def check_poison(poison, num_clients: int) -> None:
@@ -488,7 +526,10 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
         fed.to(device)
     dev = fed.device
     model = build_model(model, fed, seed, model_kwargs)
+    check_loss(loss)
     check_model_outputs(model, fed, loss)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be a function (round, theta, row) -> None, got {type(callback).__name__}")
     K = fed.num_clients
     sampler = make_sampler(clients_per_round, K)
     if declares(method.rule, ChecksSampler):  # DP: the sampling its accountant assumes, before round 1
@@ -509,7 +550,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
             "fingerprint": run_id, "backend_used": backend}
     ckpt = Path(checkpoint) if checkpoint else None
     if resume and ckpt and ckpt.exists():
-        theta, state, rows, start = _resume(ckpt, run_id, dev, store, model)
+        theta, state, rows, start = _resume(ckpt, run_id, dev, store, model, theta, rounds)
 
     from tqdm.auto import tqdm
     bar = tqdm(range(start, rounds), desc=method.name, disable=not progress, leave=False)
@@ -572,12 +613,38 @@ def _client_defaults(method: Method, theta: torch.Tensor, groups, model) -> dict
     return defaults
 
 
-def _resume(ckpt: Path, run_id: str, dev, store: ClientStore, model=None):
+def _resume(ckpt: Path, run_id: str, dev, store: ClientStore, model=None, theta0=None, rounds=None):
     saved = load_checkpoint(ckpt, dev)
     if saved.get("fingerprint") != run_id:
         raise ValueError(f"checkpoint {ckpt} was written by a different run configuration; "
                          "delete it, point checkpoint= elsewhere, or pass resume=False to start over")
-    store.load_state_dict(saved["store"])
+    _check_saved(ckpt, saved, theta0, rounds)
+    try:
+        store.load_state_dict(saved["store"])
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt}: its client store cannot be loaded ({type(e).__name__}: "
+                              f"{str(e)[:100]}); delete it or pass resume=False to start over") from None
     if model is not None and saved.get("buffers") is not None and saved["buffers"].numel():
         load_buffers(model, saved["buffers"])  # the global BatchNorm running statistics
     return saved["theta"], saved["state"], saved["rows"], saved["round"] + 1
+
+
+def _check_saved(ckpt: Path, saved: dict, theta0, rounds) -> None:
+    """A checkpoint with the run's fingerprint still holds what this run wrote: θ of θ₀'s length and dtype and
+    finite, the last round done in [0, rounds), History rows and method state of the right kinds."""
+    theta, r, why = saved["theta"], saved["round"], None
+    if not isinstance(theta, torch.Tensor) or (theta0 is not None and (theta.shape != theta0.shape
+                                                                       or theta.dtype != theta0.dtype)):
+        why = "its θ is not a vector of this model's length and dtype"
+    elif not torch.isfinite(theta).all():
+        why = "its θ holds NaN or inf"
+    elif isinstance(r, bool) or not isinstance(r, int) or r < 0 or (rounds is not None and r >= rounds):
+        why = f"its last round {r!r} is not a round of this run (0 … {rounds - 1 if rounds else '?'})"
+    elif not isinstance(saved["rows"], list) or not all(isinstance(row, dict) for row in saved["rows"]) \
+            or len(saved["rows"]) > r + 1:
+        why = "its History rows are not a list of at most one row per round"
+    elif not isinstance(saved["state"], dict) or not isinstance(saved["store"], dict):
+        why = "its method state or client store is not a mapping"
+    if why:
+        raise CheckpointError(f"checkpoint {ckpt} has this run's fingerprint but {why}: it was altered; delete it or "
+                              "pass resume=False to start over")
