@@ -210,15 +210,18 @@ def test_student_version_has_no_solution_left(written):
         assert all(m["locked"] != m["solution"] for m in marks) and all(m.get("points", 1) == 1 for m in marks)
 
 
-def test_every_student_notebook_is_handed_out(written):
-    """A notebook without exercises still gets a student version (the same cells, read-only for nbgrader)."""
+def test_every_notebook_is_handed_out_with_two_graded_exercises(written):
+    """Issue 44 item 1: every notebook has a student version with at least two self-graded exercises (a stub
+    and the check cell after it, each worth a point for nbgrader)."""
     out, result = written
-    plain = [p for p in result["student"] if p.name not in {q.name for q in notebooks_with_solutions()}]
-    assert plain, "expected notebooks without self-graded exercises"
-    nb = nbformat.read(plain[0], as_version=4)
-    assert nb.metadata["fedlab_nb_course"] == {"version": "student"}
-    assert [c.source for c in nb.cells] == [c.source for c in nbformat.read(ROOT / "notebooks" / plain[0].name,
-                                                                            as_version=4).cells]
+    sources = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert sorted(p.name for p in result["student"]) == sources
+    few = {name: len(course.exercise_cells(nbformat.read(out / "student" / name, as_version=4))) for name in sources}
+    assert not {name: n for name, n in few.items() if n < 2}, "notebooks with fewer than two self-graded exercises"
+    plain = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A"), nbformat.v4.new_code_cell("x = 1")])
+    student = course.student_notebook(plain)   # a notebook without exercises: the same cells, all read-only
+    assert [c.source for c in student.cells] == ["# A", "x = 1"] and all(c.metadata["nbgrader"]["locked"]
+                                                                         for c in student.cells)
 
 
 def check_calls(source: str):
