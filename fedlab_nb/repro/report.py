@@ -263,7 +263,8 @@ STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:78em
          ".err{color:#c62828;white-space:pre-wrap}.note{color:#555;font-size:.92em;background:#fafafa}"
          ".figs img{width:100%;max-width:60em;cursor:zoom-in;display:block;margin:.5em 0;border:1px solid #eee}"
          ".figs img:focus{max-width:none;cursor:zoom-out;outline:none}.muted{color:#666;font-size:.9em}"
-         "table.papers{font-size:.9em}.hv{min-width:11em}"
+         "table.papers{font-size:.9em}table.papers td:nth-child(3){min-width:17em}table.papers td:nth-child(4){max-width:11em}"
+         ".hv{min-width:9em}.nw{white-space:nowrap}"
          ".summary td,.summary th{text-align:center}.summary td:first-child{text-align:left}"
          "details.paper{border-top:1px solid #ddd;padding:.4em 0}details.paper>summary{cursor:pointer;font-size:1.1em}"
          ".cite{color:#555;font-size:.85em}.controls{position:sticky;top:0;background:#fff;padding:.5em 0;z-index:1}"
@@ -310,7 +311,7 @@ def _headline_cells(r: dict) -> str:
     """Claim, paper's number, ours and setting cells: one line per headline claim, the long texts as tooltips."""
     e = html.escape
     heads = [c for c in r.get("claims") or [] if c.get("role") == HEADLINE]
-    claim = "<br>".join(f"<span title='{e(str(c.get('text', '')))}'><b>{e(c['id'])}</b>: "
+    claim = "<br>".join(f"<span title='{e(str(c.get('text', '')))}'><b>{_breakable(c['id'])}</b>: "
                         f"<span style='color:{COLOURS.get(c['verdict'], '#000')}'>{e(c['verdict'])}</span></span>"
                         for c in heads)
     number = "<br>".join(e(str(c["paper_value"])) if c.get("paper_value") is not None
@@ -318,8 +319,31 @@ def _headline_cells(r: dict) -> str:
                          for c in heads)
     settings = " · ".join(dict.fromkeys(_setting(c) for c in heads))  # one paper setting usually serves all
     setting = f"<span title='{e(settings)}'>{e(settings[:60])}{'…' if len(settings) > 60 else ''}</span>"
-    return (f"<td>{claim or '—'}</td><td>{number or '—'}</td><td>{'<br>'.join(e(ours(c)) for c in heads) or '—'}</td>"
-            f"<td>{setting if heads else '—'}</td>")
+    return (f"<td>{claim or '—'}</td><td>{number or '—'}</td><td>{'<br>'.join(_ours_short(c) for c in heads) or '—'}"
+            f"</td><td>{setting if heads else '—'}</td>")
+
+
+def _breakable(name: str) -> str:
+    """An id that may wrap after its underscores (a long claim id would otherwise widen the whole table)."""
+    return html.escape(name).replace("_", "_<wbr>")
+
+
+def _ours_short(claim: dict) -> str:
+    """The first table's 'Ours': mean ± half-width on one line; n, confidence and the paired margin as a tooltip."""
+    i = claim.get("interval")
+    short = f"{i['mean']:.4g} ± {i['half_width']:.2g}" if i else fmt(claim.get("ours"))
+    return f"<span class='nw' title='{html.escape(ours(claim))}'>{html.escape(short)}</span>"
+
+
+def _paper_scale_cell(result: dict) -> str:
+    """The stored paper-scale verdict in a few words; ours vs the paper's number per headline claim as a tooltip
+    (and in full in the paper's section)."""
+    stored = result.get("paper_scale_result")
+    if not stored:
+        return "<td>—</td>"
+    e = html.escape
+    return (f"<td><span title='{e(paper_scale_text(result))}'>{e(paper_scale_label(stored))}</span>"
+            "<br><span class='muted'>ours vs the paper's: hover</span></td>")
 
 
 def _paper_table(results: list[dict]) -> str:
@@ -331,13 +355,13 @@ def _paper_table(results: list[dict]) -> str:
     rows = []
     for r in results:
         colour = COLOURS.get(r["verdict"], "#000")
-        link = f"<a href='#{e(r['paper'])}-{e(r['scale'])}'>{e(r['paper'])}</a>"
+        link = f"<a href='#{e(r['paper'])}-{e(r['scale'])}'>{_breakable(r['paper'])}</a>"
         extra = beside(r)
         verdict = (f"<td class='hv' style='border-left:6px solid {colour}'><b style='color:{colour}'>"
                    f"{e(verdict_label(r))}</b>" + (f"<br><span class='muted'>{e(extra)}</span>" if extra else "")
                    + "</td>")
         rows.append(f"<tr data-v='{e(r['verdict'])}' data-id='{e(r['paper'])}-{e(r['scale'])}'><td>{link}</td><td>{e(r['scale'])}</td>{_headline_cells(r)}"
-                    f"<td>{e(str(r.get('implementation') or '—'))}</td>{verdict}<td>{e(paper_scale_text(r))}</td></tr>")
+                    f"<td>{e(str(r.get('implementation') or '—'))}</td>{verdict}{_paper_scale_cell(r)}</tr>")
     return f"<table class='papers'><tr>{head}</tr>{''.join(rows)}</table>"
 
 
@@ -430,6 +454,8 @@ def html_page(results: list[dict], results_dir: Path) -> str:
         parts.append(f"<p>{e(str(r.get('method', '')))}<br><span class='muted'>seed {e(str(r.get('seed')))}, "
                      f"device {e(str(r.get('device')))}, {e(str(r.get('wall_seconds')))} s, "
                      f"{e(str(r.get('timestamp')))}, commit {e(str(r.get('git_commit')))}{link}</span></p>")
+        if r.get("paper_scale_result"):
+            parts.append(f"<p><b>At the paper's scale</b> (stored run): {e(paper_scale_text(r))}</p>")
         if _error_text(r):
             parts.append(f"<p class='err'>{e(_error_text(r))}</p>")
         head = ["Role", "Claim", "Metric", "Ours", "Paper's number", "Expectation", "Verdict"]
