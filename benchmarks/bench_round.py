@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import fedlab_nb as fl
 
-def positive(text: str) -> int:
-    """An argparse type: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return value
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared argparse types beside this script
+from bench_args import positive  # noqa: E402
 
 
 ap = argparse.ArgumentParser()

@@ -18,24 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-
-def positive(text: str) -> int:
-    """An argparse type: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return value
-
-
-def backends(text: str) -> str:
-    """An argparse type: comma-separated backends of simulate."""
-    unknown = [b for b in text.split(",") if b not in ("loop", "vmap", "fused")]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"{','.join(unknown)!r} is not a backend; choose from loop,vmap,fused")
-    return text
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared argparse types beside this script
+from bench_args import backends, positive  # noqa: E402
 
 
 def peak_rss_mb() -> float:

@@ -9,6 +9,7 @@ Writes `bench_seeds.csv`. Each run evaluates every round, as the notebooks do (t
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -17,24 +18,8 @@ import pandas as pd
 import fedlab_nb as fl
 from fedlab_nb.engine.seeds import simulate_seeds
 
-
-def positive(text: str) -> int:
-    """An argparse type: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return value
-
-
-def backends(text: str) -> str:
-    """An argparse type: comma-separated backends of simulate."""
-    unknown = [b for b in text.split(",") if b not in ("loop", "vmap", "fused")]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"{','.join(unknown)!r} is not a backend; choose from loop,vmap,fused")
-    return text
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared argparse types beside this script
+from bench_args import backends, positive  # noqa: E402
 
 
 def cpu_seconds(fn) -> float:
