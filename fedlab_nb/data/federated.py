@@ -18,7 +18,7 @@ def _check_dataset(dataset: Dataset, parts: Partition) -> None:
         raise ValueError(f"{dataset.name}: num_classes must be a positive integer, got {k!r}")
     for split in ("train", "test"):
         x, y = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
-        if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+        if not _integer(y.dtype):
             raise ValueError(f"{dataset.name}: y_{split} must hold integer class ids (e.g. torch.int64), "
                              f"got {y.dtype}; convert with .long() after removing NaN labels")
         if y.dtype != torch.int64:  # cross-entropy takes int64 targets; vmap's gather takes no uint8 index
@@ -53,10 +53,14 @@ def _numeric(values, what: str) -> torch.Tensor:
     return out
 
 
+def _integer(dtype: torch.dtype) -> bool:
+    """An integer dtype (class ids), not float, complex or bool."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
 def _class_ids(y: torch.Tensor) -> torch.Tensor:
     """Integer labels of any width (np.int32, uint8 ...) as the int64 class ids the losses take; others as given."""
-    integer = not (y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool)
-    return y.long() if integer else y
+    return y.long() if _integer(y.dtype) else y
 
 
 class FederatedDataset:
