@@ -55,7 +55,6 @@ class Head(nn.Module):
 
 
 # ================================================================================ simulate's model checks
-@F_(1, "a model whose outputs are integer, bool or complex fails deep in log_softmax (NotImplementedError)")
 @pytest.mark.parametrize("cast", [torch.long, torch.bool, torch.complex64], ids=["int", "bool", "complex"])
 @pytest.mark.parametrize("backend", ["loop", "vmap"])
 def test_a_model_with_non_float_outputs_is_a_named_error(fed3, cast, backend):
@@ -63,8 +62,6 @@ def test_a_model_with_non_float_outputs_is_a_named_error(fed3, cast, backend):
         fl.simulate("fedavg", fed3, Head(lambda o: o.to(cast)), backend=backend, **KW)
 
 
-@F_(2, "a model whose outputs do not depend on its parameters (detached): vmap trains nothing silently, the loop "
-       "raises a bare autograd RuntimeError")
 @pytest.mark.parametrize("backend", ["loop", "vmap"])
 def test_a_model_with_detached_outputs_is_a_named_error(fed3, backend):
     with pytest.raises(ValueError, match=r"(?s)outputs.*parameters"):
@@ -85,8 +82,6 @@ def test_a_model_with_other_float_outputs_runs(fed3, cast):  # held
     assert torch.isfinite(h.theta).all()
 
 
-@F_(3, "float labels (regression targets) without loss= end in a bare torch RuntimeError 'expected target dtype "
-       "to be Long'")
 @pytest.mark.parametrize("backend", ["loop", "vmap"])
 def test_float_labels_without_a_loss_are_a_named_error(backend):
     fed = FederatedDataset.from_clients(pairs(ydt=np.float64))
@@ -100,18 +95,21 @@ def _nan_loss(outputs, y, reduction="mean"):
     return {"none": rows, "sum": rows.sum(), "mean": rows.mean()}[reduction]
 
 
-@F_(4, "a loss that honours reduction= but is NaN on the two check rows is refused as 'does not honour reduction='")
 def test_a_nan_loss_is_not_called_a_reduction_problem(fed3):
-    with pytest.raises(Exception) as info:
-        fl.simulate("fedavg", fed3, Head(lambda o: o), loss=_nan_loss, backend="loop", **KW)
-    assert "reduction" not in str(info.value) and "non-finite" in str(info.value), info.value
+    """Its gradient is finite (d log u = du / u), so the run trains and reports the NaN loss; it is no reduction=
+    problem (finding 4: it was refused as one)."""
+    try:
+        h = fl.simulate("fedavg", fed3, Head(lambda o: o), loss=_nan_loss, backend="loop", **KW)
+    except Exception as e:  # noqa: BLE001 -- a non-finite error would be fine, a reduction= error is the finding
+        assert "reduction" not in str(e), e
+    else:
+        assert np.isnan(h["test_loss"].iloc[-1])
 
 
 def _tuple_loss(outputs, y, reduction="mean"):
     return F.cross_entropy(outputs, y, reduction=reduction), {"aux": 1}
 
 
-@F_(5, "a loss that returns a tuple is a bare 'only one element tensors can be converted to Python scalars'")
 def test_a_loss_returning_a_tuple_is_a_named_error(fed3):
     with pytest.raises(ValueError, match=r"(?s)loss.*tuple"):
         fl.simulate("fedavg", fed3, Head(lambda o: o), loss=_tuple_loss, backend="loop", **KW)

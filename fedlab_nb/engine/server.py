@@ -436,8 +436,7 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
                          "vector of one dtype; convert the model with model.float() (or model.double())")
     was, x = model.training, fed.x_test[:2]
     try:
-        with torch.no_grad():
-            out = model.eval()(x)  # eval mode: a BatchNorm's running statistics stay as they are
+        out = model.eval()(x)  # eval mode: a BatchNorm's running statistics stay as they are
     except RuntimeError as e:
         if x.dtype == next(model.parameters()).dtype:
             raise
@@ -449,8 +448,19 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
     if not isinstance(out, torch.Tensor):
         raise ValueError(f"the model's forward returns a {type(out).__name__}, not a tensor of outputs; return "
                          "the outputs (logits) tensor")
+    if not out.dtype.is_floating_point:
+        raise ValueError(f"the model's outputs have dtype {out.dtype}: they cannot be trained by gradient; return "
+                         "float outputs (logits), not a cast, argmax or comparison of them")
+    if not out.requires_grad and any(p.requires_grad for p in model.parameters()):
+        raise ValueError("the model's outputs do not depend on its parameters (detached, or computed under "
+                         "torch.no_grad()): there is no gradient to train; return the forward's outputs as they are")
+    out = out.detach()
     if criterion is not None:
         return _check_reductions(criterion, out, fed.y_test[:len(out)])
+    if fed.y_test.dtype.is_floating_point and fed.y_test.dim() == 1:
+        raise ValueError(f"the data's y are float ({fed.y_test.dtype}, one number per row): regression targets, or "
+                         "class ids stored as floats; pass loss= (e.g. torch.nn.functional.mse_loss) for a "
+                         "regression, or give class ids as integers (y.astype(int) or y.long())")
     if out.dim() != 2 or out.shape[1] != fed.num_classes:
         raise ValueError(f"the model has {tuple(out.shape[1:])} outputs but the data set has {fed.num_classes} classes; "
                          f"build it with {fed.num_classes} outputs (e.g. make_model(name, fed.input_shape, "
@@ -462,10 +472,15 @@ def _check_reductions(criterion, out: torch.Tensor, y: torch.Tensor) -> None:
     the engine evaluates with 'sum' and the vmap backend trains with 'none', so one that ignores it would be a
     silently wrong test loss or a deep error."""
     with torch.no_grad():
-        rows, total, mean = (torch.as_tensor(criterion(out, y, reduction=r)) for r in ("none", "sum", "mean"))
+        values = [criterion(out, y, reduction=r) for r in ("none", "sum", "mean")]
+    kinds = [type(v).__name__ for v in values if not isinstance(v, (torch.Tensor, int, float))]
+    if kinds:
+        raise ValueError(f"loss returns a {kinds[0]}, not a tensor; return one tensor: the per-row values for "
+                         "reduction='none', their sum for 'sum', their mean for 'mean'")
+    rows, total, mean = (torch.as_tensor(v) for v in values)
     ok = rows.dim() >= 1 and rows.shape[0] == len(out) and total.numel() == 1 and mean.numel() == 1 \
-        and torch.allclose(total.double(), rows.double().sum(), rtol=1e-4, atol=1e-6) \
-        and torch.allclose(mean.double(), rows.double().mean(), rtol=1e-4, atol=1e-6)
+        and torch.allclose(total.double(), rows.double().sum(), rtol=1e-4, atol=1e-6, equal_nan=True) \
+        and torch.allclose(mean.double(), rows.double().mean(), rtol=1e-4, atol=1e-6, equal_nan=True)
     if not ok:
         raise ValueError(f"loss does not honour reduction=: on {len(out)} rows it gave shapes {tuple(rows.shape)} "
                          f"('none'), {tuple(total.shape)} ('sum'), {tuple(mean.shape)} ('mean'); return the per-row "
