@@ -26,7 +26,7 @@ from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
 from ..utils import check_loss, check_positive_int, check_seed, rng
 from . import batched
-from .checkpoint import CheckpointError, fingerprint, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, data_fingerprint, fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
 from .history import History
@@ -417,6 +417,9 @@ def build_model(model, fed: FederatedDataset, seed: int, model_kwargs=None) -> t
         raise TypeError(f"model_kwargs must be a mapping of the model's keyword arguments, e.g. {{'hidden': (64,)}}, "
                         f"got {type(model_kwargs).__name__}")
     if isinstance(model, str):
+        if not fed.input_shape:
+            raise ValueError(f"the data's rows are single numbers (x of shape [n]); the model {model!r} needs a "
+                             "feature axis: build the data with x.reshape(-1, 1), or pass your own nn.Module")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = make_model(model, fed.input_shape, fed.num_classes, **(model_kwargs or {}))
@@ -564,8 +567,9 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
             "clients": K, **asdict(cfg), "device": str(dev),
             "fingerprint": run_id, "backend_used": backend}
     ckpt = Path(checkpoint) if checkpoint else None
+    data_id = data_fingerprint(fed) if ckpt else None
     if resume and ckpt and ckpt.exists():
-        theta, state, rows, start = _resume(ckpt, run_id, dev, store, model, theta, rounds)
+        theta, state, rows, start = _resume(ckpt, run_id, dev, store, model, theta, rounds, data_id)
 
     from tqdm.auto import tqdm
     bar = tqdm(range(start, rounds), desc=method.name, disable=not progress, leave=False)
@@ -588,7 +592,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
         rows.append(row)
         if ckpt:
             save_checkpoint(ckpt, {"round": r, "theta": theta, "state": state, "rows": rows, "fingerprint": run_id,
-                                   "store": store.state_dict(), "buffers": flatten_buffers(model, theta.dtype)})
+                                   "data": data_id, "store": store.state_dict(), "buffers": flatten_buffers(model, theta.dtype)})
         if callback is not None:
             callback(r + 1, theta, row)
         if "test_acc" in row:
@@ -628,10 +632,13 @@ def _client_defaults(method: Method, theta: torch.Tensor, groups, model) -> dict
     return defaults
 
 
-def _resume(ckpt: Path, run_id: str, dev, store: ClientStore, model=None, theta0=None, rounds=None):
+def _resume(ckpt: Path, run_id: str, dev, store: ClientStore, model=None, theta0=None, rounds=None, data_id=None):
     saved = load_checkpoint(ckpt, dev)
     if saved.get("fingerprint") != run_id:
         raise ValueError(f"checkpoint {ckpt} was written by a different run configuration; "
+                         "delete it, point checkpoint= elsewhere, or pass resume=False to start over")
+    if data_id is not None and saved.get("data") is not None and saved["data"] != data_id:  # older ones: no "data"
+        raise ValueError(f"checkpoint {ckpt} was written on other data (other rows of the same client sizes); "
                          "delete it, point checkpoint= elsewhere, or pass resume=False to start over")
     _check_saved(ckpt, saved, theta0, rounds)
     try:
