@@ -195,8 +195,6 @@ def test_from_clients_other_bad_input_is_named(case):  # held
 
 
 # ================================================================================ benchmark scripts' arguments
-@F_(9, "benchmark scripts: --batch 0, --reps 0, --n 0, --local-steps 0, --rows a, --hidden a,b, --device cuda "
-       "(no CUDA), --dataset / --model typos end in a traceback; bench_pfl --rounds 0 is silently the default")
 @pytest.mark.parametrize("name, args", [("bench_pfl", ["--tiny", "--no-pfl", "--batch", "0"]),
                                         ("bench_pfl", ["--tiny", "--no-pfl", "--rounds", "0"]),
                                         ("bench_backends", ["--tiny", "--batch", "0"]),
@@ -236,8 +234,6 @@ def board_setup(tmp_path, result=None, stored=None):
 HOSTILE = "\x1b[2J\x1b]8;;http://x\x07evil\u202edetciderp"
 
 
-@F_(10, "REPORT.md and index.html carry raw terminal escapes and bidi overrides from a result JSON (the CLI's own "
-        "print strips them; `cat REPORT.md` does not)")
 @pytest.mark.parametrize("field", ["method", "verdict", "claim text"])
 def test_report_files_hold_no_control_characters(tmp_path, field):
     from fedlab_nb.repro.report import build_report
@@ -251,8 +247,6 @@ def test_report_files_hold_no_control_characters(tmp_path, field):
         assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text, name
 
 
-@F_(11, "the board shows papers/paper_scale/<id>.json beside the paper even when that file holds another paper's "
-        "or a smoke run (the store refuses them; a hand-copied or renamed file is not checked)")
 @pytest.mark.parametrize("over", [dict(paper="other"), dict(scale="smoke")], ids=["other paper", "smoke run"])
 def test_board_ignores_a_stored_result_of_another_paper_or_scale(tmp_path, over):
     from fedlab_nb.repro.report import load_results
@@ -291,7 +285,6 @@ def test_board_first_table_escapes_html_everywhere(tmp_path):  # held
 
 
 # ================================================================================ scripts/board_numbers.py
-@F_(12, "scripts/board_numbers.py rewrites README.md / docs/teachers.md through a symbolic link (path.write_text)")
 def test_board_numbers_does_not_write_through_a_link(tmp_path, monkeypatch):
     module = script(REPO / "scripts" / "board_numbers.py")
     victim = tmp_path / "victim"
@@ -305,8 +298,6 @@ def test_board_numbers_does_not_write_through_a_link(tmp_path, monkeypatch):
 
 
 # ================================================================================ CLI -p values
-@F_(13, "-p with an explicit YAML tag (!!timestamp, !!binary, !!set) gives a date, bytes or set that the notebook "
-        "cannot take (a list or None default lets it through to the parameters cell)")
 @pytest.mark.parametrize("text", ["!!timestamp 2024-01-01", "!!binary aGVsbG8=", "!!set {a: null}",
                                   "[1, !!timestamp 2024-01-01]"])
 def test_p_values_with_explicit_tags_are_refused(text):
