@@ -314,3 +314,43 @@ def test_p_values_are_yaml_1_2(text, value):  # held
     from fedlab_nb.cli import _parse_parameters
     got = _parse_parameters([("x", text)])["x"]
     assert got == (text if value is None else value) and type(got) is type(text if value is None else value)
+
+
+# ================================================================================ scripts/paper_scale.py store
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+
+
+def stored_once(tmp_path, module):
+    """A paper-scale result with one figure stored; the results folder, ready for a second store."""
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    (results / "tiny-paper").mkdir(parents=True)
+    (results / "tiny-paper" / "main.png").write_bytes(PNG + b"old")
+    result = {"paper": "tiny", "scale": "paper", "verdict": "reproduced", "error": None,
+              "figures": ["tiny-paper/main.png"], "figure_data": [],
+              "claims": [{"id": "value_positive", "verdict": "reproduced", "expect": "> 0", "role": "headline"}]}
+    (results / "tiny-paper.json").write_text(json.dumps(result))
+    module.store("tiny", results, root)
+    (results / "tiny-paper" / "main.png").write_bytes(PNG + b"new")
+    return root, results
+
+
+@F_(14, "paper_scale.py store deletes the stored figures before copying the new ones: a copy that fails (disk "
+        "full, a figure gone) leaves the stored JSON naming figures that no longer exist")
+def test_store_keeps_the_stored_result_when_a_copy_fails(tmp_path, monkeypatch):
+    module = script(REPO / "scripts" / "paper_scale.py")
+    root, results = stored_once(tmp_path, module)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(module.shutil, "copy2", full)
+    with pytest.raises((SystemExit, OSError)):
+        module.store("tiny", results, root)
+    assert (root / "papers" / "paper_scale" / "tiny" / "main.png").read_bytes() == PNG + b"old"
+
+
+def test_store_replaces_the_stored_figures(tmp_path):  # held (and after finding 14's fix)
+    module = script(REPO / "scripts" / "paper_scale.py")
+    root, results = stored_once(tmp_path, module)
+    module.store("tiny", results, root)
+    assert (root / "papers" / "paper_scale" / "tiny" / "main.png").read_bytes() == PNG + b"new"
+    assert sorted(p.name for p in (root / "papers" / "paper_scale").iterdir()) == ["tiny", "tiny.json"]
