@@ -334,8 +334,6 @@ def stored_once(tmp_path, module):
     return root, results
 
 
-@F_(14, "paper_scale.py store deletes the stored figures before copying the new ones: a copy that fails (disk "
-        "full, a figure gone) leaves the stored JSON naming figures that no longer exist")
 def test_store_keeps_the_stored_result_when_a_copy_fails(tmp_path, monkeypatch):
     module = script(REPO / "scripts" / "paper_scale.py")
     root, results = stored_once(tmp_path, module)
