@@ -352,3 +352,25 @@ def test_store_replaces_the_stored_figures(tmp_path):  # held (and after finding
     module.store("tiny", results, root)
     assert (root / "papers" / "paper_scale" / "tiny" / "main.png").read_bytes() == PNG + b"new"
     assert sorted(p.name for p in (root / "papers" / "paper_scale").iterdir()) == ["tiny", "tiny.json"]
+
+
+# ================================================================================ DP rounds
+def _nan_attack(updates, byz, generator=None):
+    out = updates.clone()
+    out[byz] = float("nan")
+    return out
+
+
+def test_dp_round_with_every_update_dropped_still_releases_noise():  # held
+    """on_nonfinite='drop' with every sampled update non-finite: each round still releases a noised θ (Δ = 0) and
+    reports a finite ε, as a round nobody was sampled in does."""
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    fed = fl.federate("digits", "iid", n_clients=10, seed=0)
+    method, sampler = dp_fedavg_with_sampler(fed, noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.3)
+    seen = []
+    with pytest.warns(UserWarning, match="dropped every client"):
+        h = fl.simulate(method, fed, "logreg", rounds=3, clients_per_round=sampler, local_epochs=1, batch_size=32,
+                        lr=0.1, progress=False, seed=0, on_nonfinite="drop", attack=_nan_attack,
+                        byzantine=list(range(10)), callback=lambda r, t, row: seen.append(t.clone()))
+    assert not any(torch.equal(a, b) for a, b in zip(seen, seen[1:]))
+    assert np.isfinite(h["epsilon"]).all() and (np.diff(h["epsilon"]) > 0).all()
