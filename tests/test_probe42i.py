@@ -115,6 +115,46 @@ def test_a_loss_returning_a_tuple_is_a_named_error(fed3):
         fl.simulate("fedavg", fed3, Head(lambda o: o), loss=_tuple_loss, backend="loop", **KW)
 
 
+def _smoothed(outputs, y, reduction="mean"):
+    return F.cross_entropy(outputs, y, reduction=reduction, label_smoothing=0.1)
+
+
+def _rows_of_sums(outputs, y, reduction="mean"):
+    rows = F.smooth_l1_loss(outputs, y, reduction="none").sum(1)  # one value per row of a 2-wide target
+    return {"none": rows, "sum": rows.sum(), "mean": rows.mean()}[reduction]
+
+
+@F_(15, "a custom loss with one value per row (label smoothing, a focal loss, a per-row sum) on a model of C "
+        "outputs reports test_loss divided by C: evaluate divides its sum by the width of the outputs")
+@pytest.mark.parametrize("case", ["label smoothing", "per-row sum"])
+def test_test_loss_of_a_custom_loss_is_its_mean(case):
+    from fedlab_nb.models import make_model, param_spec, unflatten
+    rng = np.random.default_rng(0)
+    if case == "label smoothing":
+        fed, loss = fl.federate("digits", "iid", n_clients=4, seed=0), _smoothed
+    else:
+        fed = FederatedDataset.from_clients([(rng.normal(size=(20, 5)).astype(np.float32),
+                                              rng.normal(size=(20, 2)).astype(np.float32)) for _ in range(3)])
+        loss = _rows_of_sums
+    h = fl.simulate("fedavg", fed, "logreg", loss=loss, **KW)
+    model = make_model("logreg", fed.input_shape, fed.num_classes)
+    with torch.no_grad():
+        out = torch.func.functional_call(model, unflatten(h.theta, param_spec(model)), (fed.x_test,))
+    assert h["test_loss"].iloc[-1] == pytest.approx(float(loss(out, fed.y_test)), rel=1e-5)
+
+
+def test_test_loss_of_an_entrywise_loss_is_unchanged():  # held: mse on a 2-wide target, the mean over entries
+    from fedlab_nb.models import make_model, param_spec, unflatten
+    rng = np.random.default_rng(0)
+    fed = FederatedDataset.from_clients([(rng.normal(size=(20, 5)).astype(np.float32),
+                                          rng.normal(size=(20, 2)).astype(np.float32)) for _ in range(3)])
+    h = fl.simulate("fedavg", fed, "logreg", loss=F.mse_loss, **KW)
+    model = make_model("logreg", fed.input_shape, fed.num_classes)
+    with torch.no_grad():
+        out = torch.func.functional_call(model, unflatten(h.theta, param_spec(model)), (fed.x_test,))
+    assert h["test_loss"].iloc[-1] == pytest.approx(float(F.mse_loss(out, fed.y_test)), rel=1e-6)
+
+
 @pytest.mark.parametrize("loss", [nn.CrossEntropyLoss(), "cross_entropy", 3], ids=["module", "str", "int"])
 def test_a_loss_that_is_not_a_function_is_refused(fed3, loss):  # held
     with pytest.raises(TypeError, match="loss"):
