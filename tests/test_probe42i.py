@@ -124,8 +124,6 @@ def _rows_of_sums(outputs, y, reduction="mean"):
     return {"none": rows, "sum": rows.sum(), "mean": rows.mean()}[reduction]
 
 
-@F_(15, "a custom loss with one value per row (label smoothing, a focal loss, a per-row sum) on a model of C "
-        "outputs reports test_loss divided by C: evaluate divides its sum by the width of the outputs")
 @pytest.mark.parametrize("case", ["label smoothing", "per-row sum"])
 def test_test_loss_of_a_custom_loss_is_its_mean(case):
     from fedlab_nb.models import make_model, param_spec, unflatten
