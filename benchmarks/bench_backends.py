@@ -51,6 +51,9 @@ from fedlab_nb.engine.client import make_loss, train_clients_loop
 from fedlab_nb.methods import LocalObjective
 from fedlab_nb.models import flatten_params, make_model
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared argparse types beside this script
+from bench_args import device, positive, whole  # noqa: E402
+
 MODELS = {"mlp-64-32": ("mlp", {"hidden": (64, 32)}), "mlp-200-200": ("mlp", {"hidden": (200, 200)}),
           "cnn": ("cnn", {}), "logreg": ("logreg", {}), "mlp-16": ("mlp", {"hidden": (16,)})}
 # (dataset, dataset kwargs, clients, model). mnist5k has 4,000 training rows (400 / 40 per client);
@@ -317,15 +320,15 @@ def plot(table: pd.DataFrame, path: Path):
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="digits, 4 and 16 clients, tiny models: a few seconds (CI)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--batch", type=int, default=10)
+    ap.add_argument("--device", type=device, default="cpu")
+    ap.add_argument("--batch", type=positive, default=10)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--client-optimizer", choices=sorted(CLIENT_OPTIMIZERS), default="sgd",
                     help="the clients' optimiser on loop, vmap and fused (the limit stays plain SGD)")
     ap.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration of the partitions")
-    ap.add_argument("--max-loop-clients", type=int, default=100,
+    ap.add_argument("--max-loop-clients", type=positive, default=100,
                     help="time the loop on this many clients and scale to all (its cost is a sum over clients)")
-    ap.add_argument("--flower-max-clients", type=int, default=100,
+    ap.add_argument("--flower-max-clients", type=whole, default=100,
                     help="run Flower up to this many clients (its simulation engine starts Ray: ~30 s per run)")
     ap.add_argument("--flower-models", default="mlp-64-32", help="comma-separated models to run on Flower")
     ap.add_argument("--models", default=None, help="comma-separated subset of the workloads' models")

@@ -36,6 +36,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -49,6 +50,8 @@ from fedlab_nb.engine.batched import make_masked_loss
 from fedlab_nb.models import make_model
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the shared argparse types beside this script
+from bench_args import positive  # noqa: E402
 LR = 0.05
 
 
@@ -296,8 +299,8 @@ def run(name: str, reps: int, batch: int, seed: int = 0) -> list[dict]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="cnn,simple_cnn")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=10)
+    ap.add_argument("--reps", type=positive, default=5)
+    ap.add_argument("--batch", type=positive, default=10)
     ap.add_argument("--tiny", action="store_true", help="8×8 images, 3-4 clients, one rep (not a measurement)")
     args = ap.parse_args(argv)
     if args.tiny:

@@ -50,6 +50,8 @@ from fedlab_nb.models import flatten_params, make_model
 from fedlab_nb.utils import rng
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the shared argparse types beside this script
+from bench_args import positive, whole  # noqa: E402
 ROOT = HERE.parent
 PFL_SIDE = HERE / "pfl_side.py"
 
@@ -285,16 +287,16 @@ def cpu_name() -> str:
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="digits, 10 clients, a tiny MLP, 3 rounds: seconds (CI)")
-    ap.add_argument("--batch", type=int, default=10)
+    ap.add_argument("--batch", type=positive, default=10)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration of the partitions")
-    ap.add_argument("--rounds", type=int, default=None,
+    ap.add_argument("--rounds", type=positive, default=None,
                     help="rounds per side (default 5, --tiny 3): a warm-up, the timed ones, a last evaluated one")
     ap.add_argument("--backends", default="loop,vmap,fused", help="our backends to run")
     ap.add_argument("--models", default=None, help="comma-separated subset of the workloads' models")
     ap.add_argument("--clients", default=None, help="comma-separated subset of the workloads' client counts")
     ap.add_argument("--flower-models", default="mlp-64-32", help="comma-separated models to run on Flower ('none')")
-    ap.add_argument("--flower-max-clients", type=int, default=100)
+    ap.add_argument("--flower-max-clients", type=whole, default=100)
     ap.add_argument("--headline", choices=["yes", "no", "only"], default="yes",
                     help="pfl-research's headline workload (simple_cnn, 1,000 users, cohort 50; synthetic 32×32×3) "
                          "after bench_backends' workloads (--tiny: 40 users, cohort 5, 8×8×3)")

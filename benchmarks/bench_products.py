@@ -30,6 +30,7 @@ from fedlab_nb.models import flatten_params, make_model
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_backends as bench  # noqa: E402  (the sibling script's workload, timing and floor)
+from bench_args import positive, positive_list  # noqa: E402
 
 PRODUCTS = {"aten::baddbmm": "forward", "aten::baddbmm_": "update", "aten::bmm": "delta"}
 
@@ -93,13 +94,13 @@ def workload(args):
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="mnist5k")
-    ap.add_argument("--clients", type=int, default=100)
-    ap.add_argument("--hidden", default="200,200")
-    ap.add_argument("--batch", type=int, default=10)
+    ap.add_argument("--clients", type=positive, default=100)
+    ap.add_argument("--hidden", type=positive_list, default="200,200")
+    ap.add_argument("--batch", type=positive, default=10)
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds under the profiler")
-    ap.add_argument("--max-loop-clients", type=int, default=100)
-    ap.add_argument("--rows", default="10,16,32,64,128", help="rows per client for the kernel-rate sweep")
+    ap.add_argument("--rounds", type=positive, default=3, help="rounds under the profiler")
+    ap.add_argument("--max-loop-clients", type=positive, default=100)
+    ap.add_argument("--rows", type=positive_list, default="10,16,32,64,128", help="rows per client for the kernel-rate sweep")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     device = torch.device("cpu")

@@ -21,19 +21,20 @@ import torch
 import fedlab_nb as fl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared argparse types beside this script
-from bench_args import positive  # noqa: E402
+from bench_args import positive, positive_list  # noqa: E402
+from fedlab_nb.data.datasets import DATASETS  # noqa: E402
 
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--model", default="mlp")
-ap.add_argument("--hidden", default="64,32")
+ap.add_argument("--model", choices=["logreg", "mlp", "cnn", "mlp_bn", "cnn_bn"], default="mlp")
+ap.add_argument("--hidden", type=positive_list, default="64,32")
 ap.add_argument("--clients", type=positive, default=100)
 ap.add_argument("--backend", choices=["loop", "vmap", "fused", "auto"], default="vmap")
 ap.add_argument("--repeats", type=positive, default=5)
-ap.add_argument("--dataset", default="mnist5k")
+ap.add_argument("--dataset", choices=sorted(DATASETS), default="mnist5k")
 ap.add_argument("--rounds", type=positive, default=2)
 ap.add_argument("--batch-size", type=positive, default=10)
-ap.add_argument("--local-steps", type=int, default=None, help="steps per round (default: one epoch)")
+ap.add_argument("--local-steps", type=positive, default=None, help="steps per round (default: one epoch)")
 args = ap.parse_args()
 torch.set_num_threads(1)
 fed = fl.federate(args.dataset, "dirichlet", n_clients=args.clients, alpha=0.5, seed=0)

@@ -6,11 +6,16 @@ Prints one row per rule: best-of-`repeats` wall and process-CPU seconds, and the
 plain mean. On shared cores the CPU column is the fairer one.
 """
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from fedlab_nb.methods.robustness.rules import get_rule
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared argparse types beside this script
+from bench_args import device, positive, whole  # noqa: E402
 
 CASES = {
     "mean": ("mean", {}),
@@ -47,11 +52,11 @@ def best_time(fn, repeats: int, device: str) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=100)
-    ap.add_argument("--d", type=int, default=100_000)
-    ap.add_argument("--f", type=int, default=10, help="Byzantine count for Krum/Bulyan/GAS (Bulyan needs n >= 4f+3)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--n", type=positive, default=100)
+    ap.add_argument("--d", type=positive, default=100_000)
+    ap.add_argument("--f", type=whole, default=10, help="Byzantine count for Krum/Bulyan/GAS (Bulyan needs n >= 4f+3)")
+    ap.add_argument("--repeats", type=positive, default=3)
+    ap.add_argument("--device", type=device, default="cpu")
     args = ap.parse_args()
 
     g = torch.Generator().manual_seed(0)

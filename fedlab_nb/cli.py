@@ -304,7 +304,25 @@ def _parse_parameters(pairs) -> dict:
         except (ValueError, RecursionError) as e:  # !!float abc, !!int abc, an integer of thousands of digits
             raise ParameterError(f"-p {name} {printable(text, 40)}: {C.yaml_value_problem(e)}; give a plain value "
                                  "(e.g. 0.1, 3, true, [1, 2] or text)") from None
+        odd = _not_plain(params[name])
+        if odd:  # !!timestamp, !!binary, !!set ...: a value the notebook's parameters cell and parameters.json cannot hold
+            raise ParameterError(f"-p {name} {printable(text, 40)}: a YAML tag made it a {odd}; give a plain value "
+                                 "(e.g. 0.1, 3, true, [1, 2] or text)")
     return params
+
+
+def _not_plain(value) -> str | None:
+    """The type name of the first value in `value` that is not JSON-like (text, number, bool, null, list, mapping)."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, list):
+            todo += item
+        elif isinstance(item, dict):
+            todo += [*item.keys(), *item.values()]
+        elif not (item is None or isinstance(item, (str, int, float, bool))):
+            return type(item).__name__
+    return None
 
 
 def cmd_run(args) -> int:

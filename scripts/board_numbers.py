@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedlab_nb.repro.claims import load_paper, paper_ids, stored_result  # noqa: E402
+from fedlab_nb.repro.claims import ReproError, load_paper, paper_ids, stored_result  # noqa: E402
+from fedlab_nb.repro.files import write_atomic  # noqa: E402
 from fedlab_nb.repro.report import summary_lines  # noqa: E402
 
 FILES = (ROOT / "README.md", ROOT / "docs" / "teachers.md")
@@ -53,7 +54,10 @@ def main(argv=None) -> int:
                 print(f"{path}: the board's numbers are out of date: run scripts/board_numbers.py", file=sys.stderr)
                 status = 1
             else:
-                path.write_text(new)
+                try:
+                    write_atomic(path, new)  # a link at README.md is refused, never written through
+                except ReproError as e:
+                    raise SystemExit(f"{e}; {path} is not rewritten") from None
                 print(f"rewrote {path}")
     return status
 

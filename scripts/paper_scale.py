@@ -18,6 +18,7 @@ import json
 import math
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,10 +123,20 @@ def _store(paper_id: str, results: Path, root: Path) -> Path:
         copies.append((found, Path(name).name))
     store_dir = make_folder(root / "papers" / "paper_scale")
     folder, path = refuse_link(store_dir / paper_id), refuse_link(store_dir / f"{paper_id}.json")
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir()
-    for found, name in copies:
-        shutil.copy2(found, folder / name)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{paper_id}.", dir=store_dir))  # the old figures stay until all are copied
+    try:
+        for found, name in copies:
+            shutil.copy2(found, fresh / name)
+    except OSError as e:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise SystemExit(printable(f"{source}: copying its figures failed ({e}); the stored result is unchanged, "
+                                   "nothing stored", 300)) from None
+    fresh.chmod(0o755)  # mkdtemp makes 0700; the stored figures are ordinary files of the repository
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    elif folder.exists():
+        folder.unlink()
+    fresh.rename(folder)
     kept = {k: v for k, v in data.items() if k not in ("outputs", "notebook")}  # local paths, not the record
     kept["figures"] = [f"{paper_id}/{Path(n).name}" for n in data.get("figures", [])]
     kept["figure_data"] = [f"{paper_id}/{Path(n).name}" for n in data.get("figure_data", [])]

@@ -44,6 +44,8 @@ def _check_dataset(dataset: Dataset, parts: Partition) -> None:
 
 def _numeric(values, what: str) -> torch.Tensor:
     """`values` (an array, a list, a tensor) as a numeric tensor, or a ValueError naming it."""
+    if isinstance(values, torch.Tensor):  # data, not a graph: one that requires grad (or on a GPU) is taken as is
+        values = values.detach().cpu()
     try:
         out = torch.as_tensor(np.asarray(values))
     except (TypeError, ValueError) as e:
@@ -61,6 +63,9 @@ def _integer(dtype: torch.dtype) -> bool:
 def _class_ids(y: torch.Tensor) -> torch.Tensor:
     """Integer labels of any width (np.int32, uint8 ...) as the int64 class ids the losses take; others as given."""
     return y.long() if _integer(y.dtype) else y
+
+
+MAX_INFERRED_CLASSES = 1 << 20  # a larger largest label is an id column (10**12 would be a model of that many outputs)
 
 
 class FederatedDataset:
@@ -132,6 +137,9 @@ class FederatedDataset:
             raise ValueError(f"test must be one (x, y) pair, got {type(test).__name__}")
         x_test, y_test = (x, y) if test is None else (_numeric(test[0], "test's x"), _numeric(test[1], "test's y"))
         y_test = _class_ids(y_test)
+        if len(y_test) == 0:
+            raise ValueError("test is an empty (x, y) pair; give at least one test row, or test=None to test on the "
+                             "clients' rows")
         if x_test.shape[1:] != x.shape[1:] or len(x_test) != len(y_test) or y_test.shape[1:] != y.shape[1:]:
             raise ValueError(f"test's (x, y) of shapes {tuple(x_test.shape)}, {tuple(y_test.shape)} do not match the "
                              f"clients' rows {tuple(x.shape[1:])}, {tuple(y.shape[1:])}")
@@ -143,6 +151,12 @@ class FederatedDataset:
             raise ValueError("clients' y (regression targets) hold NaN or inf; drop or impute those rows")
         if num_classes is None:
             num_classes = (int(y[0].numel()) if regression else int(max(y.max(), y_test.max())) + 1)
+            if num_classes > MAX_INFERRED_CLASSES:
+                raise ValueError(f"the largest class id is {num_classes - 1:,}: class ids must be 0 … K-1; remap the "
+                                 "labels (np.unique(y, return_inverse=True)[1]) or pass num_classes=")
+        elif isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)):
+            raise ValueError(f"num_classes must be a whole number (the class count, or the regression target's "
+                             f"width), got {type(num_classes).__name__} {num_classes!r}")
         ds = Dataset(name, x, y, x_test, y_test, int(num_classes), tuple(x.shape[1:]))
         ends = np.cumsum([len(t) for t in ys])
         parts = Partition([np.arange(e - len(t), e) for e, t in zip(ends, ys)], name="given")

@@ -55,6 +55,18 @@ def fingerprint(cfg, method, fed, model, sampler=None, attack=None, loss=None, p
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def data_fingerprint(fed) -> str:
+    """16 hex digits of the rows a run trains and evaluates on (each client's train and test x, y and the global
+    test set): `fingerprint` names a data set by name and client sizes, so data given to `from_clients` or another
+    partition seed of the same sizes would otherwise resume a checkpoint written on other rows."""
+    h = hashlib.sha256()
+    for x, y in [*fed.client_train, *fed.client_test, (fed.x_test, fed.y_test)]:
+        for t in (x, y):
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def save_checkpoint(path: Path, obj: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

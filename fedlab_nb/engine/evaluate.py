@@ -23,15 +23,17 @@ def evaluate(model: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor, y: to
     params = unflatten(theta, param_spec(model))
     if buffers is not None:
         params.update(unflatten_buffers(buffers, buffer_spec(model)))
-    losses, correct = [], []
+    losses, correct, width = [], [], None
     for i in range(0, len(y), chunk):
         logits = _eval_mode_call(model, params, x[i:i + chunk])
         if criterion is None:
             losses.append(F.cross_entropy(logits, y[i:i + chunk], reduction="sum"))
             correct.append(logits.argmax(1) == y[i:i + chunk])
-        else:
-            losses.append(criterion(logits, y[i:i + chunk], reduction="sum")
-                          / max(1, logits[0].numel()))
+        else:  # the sum over values, per value of a row: the loss's own mean (per entry, or one value per row)
+            if width is None:
+                first = criterion(logits[:1], y[i:i + 1], reduction="none")
+                width = max(1, first[0].numel()) if first.dim() else 1
+            losses.append(criterion(logits, y[i:i + chunk], reduction="sum") / width)
     if criterion is not None:
         return float(sum(losses) / len(y)), float("nan"), torch.zeros(len(y), dtype=torch.bool)
     correct = torch.cat(correct)

@@ -26,7 +26,7 @@ from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
 from ..utils import check_loss, check_positive_int, check_seed, rng
 from . import batched
-from .checkpoint import CheckpointError, fingerprint, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, data_fingerprint, fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
 from .history import History
@@ -417,6 +417,9 @@ def build_model(model, fed: FederatedDataset, seed: int, model_kwargs=None) -> t
         raise TypeError(f"model_kwargs must be a mapping of the model's keyword arguments, e.g. {{'hidden': (64,)}}, "
                         f"got {type(model_kwargs).__name__}")
     if isinstance(model, str):
+        if not fed.input_shape:
+            raise ValueError(f"the data's rows are single numbers (x of shape [n]); the model {model!r} needs a "
+                             "feature axis: build the data with x.reshape(-1, 1), or pass your own nn.Module")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = make_model(model, fed.input_shape, fed.num_classes, **(model_kwargs or {}))
@@ -436,8 +439,7 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
                          "vector of one dtype; convert the model with model.float() (or model.double())")
     was, x = model.training, fed.x_test[:2]
     try:
-        with torch.no_grad():
-            out = model.eval()(x)  # eval mode: a BatchNorm's running statistics stay as they are
+        out = model.eval()(x)  # eval mode: a BatchNorm's running statistics stay as they are
     except RuntimeError as e:
         if x.dtype == next(model.parameters()).dtype:
             raise
@@ -449,8 +451,19 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
     if not isinstance(out, torch.Tensor):
         raise ValueError(f"the model's forward returns a {type(out).__name__}, not a tensor of outputs; return "
                          "the outputs (logits) tensor")
+    if not out.dtype.is_floating_point:
+        raise ValueError(f"the model's outputs have dtype {out.dtype}: they cannot be trained by gradient; return "
+                         "float outputs (logits), not a cast, argmax or comparison of them")
+    if not out.requires_grad and any(p.requires_grad for p in model.parameters()):
+        raise ValueError("the model's outputs do not depend on its parameters (detached, or computed under "
+                         "torch.no_grad()): there is no gradient to train; return the forward's outputs as they are")
+    out = out.detach()
     if criterion is not None:
         return _check_reductions(criterion, out, fed.y_test[:len(out)])
+    if fed.y_test.dtype.is_floating_point and fed.y_test.dim() == 1:
+        raise ValueError(f"the data's y are float ({fed.y_test.dtype}, one number per row): regression targets, or "
+                         "class ids stored as floats; pass loss= (e.g. torch.nn.functional.mse_loss) for a "
+                         "regression, or give class ids as integers (y.astype(int) or y.long())")
     if out.dim() != 2 or out.shape[1] != fed.num_classes:
         raise ValueError(f"the model has {tuple(out.shape[1:])} outputs but the data set has {fed.num_classes} classes; "
                          f"build it with {fed.num_classes} outputs (e.g. make_model(name, fed.input_shape, "
@@ -462,10 +475,15 @@ def _check_reductions(criterion, out: torch.Tensor, y: torch.Tensor) -> None:
     the engine evaluates with 'sum' and the vmap backend trains with 'none', so one that ignores it would be a
     silently wrong test loss or a deep error."""
     with torch.no_grad():
-        rows, total, mean = (torch.as_tensor(criterion(out, y, reduction=r)) for r in ("none", "sum", "mean"))
+        values = [criterion(out, y, reduction=r) for r in ("none", "sum", "mean")]
+    kinds = [type(v).__name__ for v in values if not isinstance(v, (torch.Tensor, int, float))]
+    if kinds:
+        raise ValueError(f"loss returns a {kinds[0]}, not a tensor; return one tensor: the per-row values for "
+                         "reduction='none', their sum for 'sum', their mean for 'mean'")
+    rows, total, mean = (torch.as_tensor(v) for v in values)
     ok = rows.dim() >= 1 and rows.shape[0] == len(out) and total.numel() == 1 and mean.numel() == 1 \
-        and torch.allclose(total.double(), rows.double().sum(), rtol=1e-4, atol=1e-6) \
-        and torch.allclose(mean.double(), rows.double().mean(), rtol=1e-4, atol=1e-6)
+        and torch.allclose(total.double(), rows.double().sum(), rtol=1e-4, atol=1e-6, equal_nan=True) \
+        and torch.allclose(mean.double(), rows.double().mean(), rtol=1e-4, atol=1e-6, equal_nan=True)
     if not ok:
         raise ValueError(f"loss does not honour reduction=: on {len(out)} rows it gave shapes {tuple(rows.shape)} "
                          f"('none'), {tuple(total.shape)} ('sum'), {tuple(mean.shape)} ('mean'); return the per-row "
@@ -549,8 +567,9 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
             "clients": K, **asdict(cfg), "device": str(dev),
             "fingerprint": run_id, "backend_used": backend}
     ckpt = Path(checkpoint) if checkpoint else None
+    data_id = data_fingerprint(fed) if ckpt else None
     if resume and ckpt and ckpt.exists():
-        theta, state, rows, start = _resume(ckpt, run_id, dev, store, model, theta, rounds)
+        theta, state, rows, start = _resume(ckpt, run_id, dev, store, model, theta, rounds, data_id)
 
     from tqdm.auto import tqdm
     bar = tqdm(range(start, rounds), desc=method.name, disable=not progress, leave=False)
@@ -573,7 +592,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
         rows.append(row)
         if ckpt:
             save_checkpoint(ckpt, {"round": r, "theta": theta, "state": state, "rows": rows, "fingerprint": run_id,
-                                   "store": store.state_dict(), "buffers": flatten_buffers(model, theta.dtype)})
+                                   "data": data_id, "store": store.state_dict(), "buffers": flatten_buffers(model, theta.dtype)})
         if callback is not None:
             callback(r + 1, theta, row)
         if "test_acc" in row:
@@ -613,10 +632,13 @@ def _client_defaults(method: Method, theta: torch.Tensor, groups, model) -> dict
     return defaults
 
 
-def _resume(ckpt: Path, run_id: str, dev, store: ClientStore, model=None, theta0=None, rounds=None):
+def _resume(ckpt: Path, run_id: str, dev, store: ClientStore, model=None, theta0=None, rounds=None, data_id=None):
     saved = load_checkpoint(ckpt, dev)
     if saved.get("fingerprint") != run_id:
         raise ValueError(f"checkpoint {ckpt} was written by a different run configuration; "
+                         "delete it, point checkpoint= elsewhere, or pass resume=False to start over")
+    if data_id is not None and saved.get("data") is not None and saved["data"] != data_id:  # older ones: no "data"
+        raise ValueError(f"checkpoint {ckpt} was written on other data (other rows of the same client sizes); "
                          "delete it, point checkpoint= elsewhere, or pass resume=False to start over")
     _check_saved(ckpt, saved, theta0, rounds)
     try:

@@ -8,7 +8,7 @@ from urllib.parse import quote
 from .claims import (CHECK, CONSTRUCT, ERROR, HEADLINE, INCONCLUSIVE, NOT_REPRODUCED, PARTIAL, REPRODUCED, SUPPORTING,
                      beside_text, role_counts)
 from .claims import default_root
-from .results import STALE, read_result, result_files, safe_figure, stale_result
+from .results import STALE, printable_strings, read_result, result_files, safe_figure, stale_result
 from .verdicts import DEFAULT_CONFIDENCE, mean_interval, summary_text
 
 COLOURS = {REPRODUCED: "#2e7d32", PARTIAL: "#ef8f00", NOT_REPRODUCED: "#757575", INCONCLUSIVE: "#5c6bc0",
@@ -24,12 +24,13 @@ def load_results(results_dir="results", root=None) -> list[dict]:
     result also carries the paper's stored paper-scale result (ROOT/papers/paper_scale/<id>.json), if any."""
     results = []
     for path, paper_id, scale in result_files(results_dir):
-        data, problem = read_result(path)
-        results.append(data if problem is None else stale_result(paper_id, scale, path, problem))
+        data, problem = read_result(path)  # strings as written to REPORT.md / index.html: no terminal escapes
+        results.append(printable_strings(data if problem is None else stale_result(paper_id, scale, path, problem)))
     stored = Path(root or default_root()) / "papers" / "paper_scale"
     for r in results:
         data, problem = read_result(stored / f"{r['paper']}.json")
-        r["paper_scale_result"] = data if problem is None and r["scale"] != "paper" else None
+        own = problem is None and data["paper"] == r["paper"] and data["scale"] == "paper"  # not a renamed file
+        r["paper_scale_result"] = printable_strings(data) if own and r["scale"] != "paper" else None
     return sorted(results, key=lambda r: (r["paper"], r["scale"]))
 
 

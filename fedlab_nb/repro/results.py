@@ -41,6 +41,18 @@ def printable(text, limit: int | None = None) -> str:
     return text if limit is None or len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
+def printable_strings(value):
+    """Parsed JSON with every string (keys too) stripped of control and format characters as `printable` strips
+    them, tabs and newlines kept: what the board writes into REPORT.md and index.html."""
+    if isinstance(value, str):
+        return _CONTROL.sub("", value)
+    if isinstance(value, list):
+        return [printable_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {printable_strings(k): printable_strings(v) for k, v in value.items()}
+    return value
+
+
 class StaleResultWarning(UserWarning):
     """A result file is corrupt or not a result; it is treated as missing (and re-run by `reproduce`)."""
 
