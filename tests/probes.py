@@ -3,6 +3,7 @@ in-process, the probe-finding marker and the small federation the DP and Flower 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import shutil
 from pathlib import Path
@@ -18,6 +19,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 def finding(why):
     return pytest.mark.xfail(strict=True, reason=f"probe finding: {why}")
+
+
+def numbered_finding(n, why):
+    return pytest.mark.xfail(strict=True, reason=f"finding {n}: {why}")
+
+
+def script(path):
+    """A script of the repository (scripts/*.py, benchmarks/*.py) imported as a module, not run."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ seventh (the eager local-training loop, the gather path, the paper-scale store a
 arguments, the seeds check, load_adult, DP's per-client participation check), with variants test_probe42*.py do not
 try. Each test asserts the correct behaviour; a test marked xfail(strict=True) is an open finding (its reason says
 what is wrong), so the suite stays green until it is fixed."""
-import importlib.util
 import json
 import os
 
@@ -22,20 +21,10 @@ from fedlab_nb.engine import batched
 from fedlab_nb.engine.client import make_loss, train_clients_loop
 from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg
 from fedlab_nb.models import flatten_params
-from probes import REPO, root_copy
+from probes import REPO, root_copy, script
+from probes import numbered_finding as F_
 
 KW = dict(rounds=1, local_epochs=1, batch_size=8, lr=0.1, progress=False, seed=0)
-
-
-def F_(n, why):
-    return pytest.mark.xfail(strict=True, reason=f"finding {n}: {why}")
-
-
-def script(path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ eighth (simulate's model / loss checks, checkpoint validation, from_clients' inp
 arguments, the board's first table and the stored paper-scale result beside it), with variants test_probe42*.py do
 not try. Each test asserts the correct behaviour; a test marked xfail(strict=True) is an open finding (its reason
 says what is wrong), so the suite stays green until it is fixed."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,20 +16,10 @@ import torch.nn.functional as F
 
 import fedlab_nb as fl
 from fedlab_nb.data.federated import FederatedDataset
-from probes import REPO, cli, root_copy
+from probes import REPO, cli, root_copy, script
+from probes import numbered_finding as F_
 
 KW = dict(rounds=1, local_epochs=1, batch_size=8, lr=0.1, progress=False, seed=0)
-
-
-def F_(n, why):
-    return pytest.mark.xfail(strict=True, reason=f"finding {n}: {why}")
-
-
-def script(path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def pairs(seed=0, n=3, ydt=np.int64):
