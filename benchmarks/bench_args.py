@@ -54,4 +54,4 @@ def device(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r}: use cpu or cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise argparse.ArgumentTypeError(f"{text!r}: torch sees no CUDA device here; use cpu or run on a GPU machine")
-    return text
+    return "cpu" if dev.type == "cpu" else str(dev)

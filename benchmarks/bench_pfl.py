@@ -51,7 +51,7 @@ from fedlab_nb.utils import rng
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared argparse types beside this script
-from bench_args import positive, whole  # noqa: E402
+from bench_args import device, positive, whole  # noqa: E402
 ROOT = HERE.parent
 PFL_SIDE = HERE / "pfl_side.py"
 
@@ -301,7 +301,7 @@ def parse_args(argv):
                     help="pfl-research's headline workload (simple_cnn, 1,000 users, cohort 50; synthetic 32×32×3) "
                          "after bench_backends' workloads (--tiny: 40 users, cohort 5, 8×8×3)")
     ap.add_argument("--no-pfl", action="store_true", help="ours only (what runs when .venv-pfl is absent)")
-    ap.add_argument("--device", default="cpu",
+    ap.add_argument("--device", type=device, default="cpu",
                     help="cpu (default) or cuda: both sides train there; the table then gives wall seconds, no Flower")
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args(argv)
@@ -316,26 +316,12 @@ def parse_args(argv):
     return args
 
 
-def check_device(name: str) -> str:
-    """'cpu' or a CUDA device that torch sees; anything else is refused with the fix."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise SystemExit(f"--device {name!r} is not a torch device; use cpu or cuda") from None
-    if device.type == "cpu":
-        return "cpu"
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise SystemExit(f"--device {name}: torch sees no CUDA device here (torch.cuda.is_available() is False); "
-                         "run on a GPU machine (benchmarks/device/pfl.sh) or use --device cpu")
-    return str(device)
-
-
 def main(argv=None) -> pd.DataFrame:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     rounds = args.rounds or (3 if args.tiny else 5)
     if rounds < 3:
         raise SystemExit("--rounds must be at least 3 (a warm-up, a timed round, a last evaluated one)")
-    device = check_device(args.device)
+    device = args.device
     pfl = None if args.no_pfl else pfl_python()
     if pfl is None and not args.no_pfl:
         print(SKIP_MESSAGE)
