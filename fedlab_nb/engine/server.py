@@ -481,10 +481,15 @@ def _check_reductions(criterion, out: torch.Tensor, y: torch.Tensor) -> None:
         raise ValueError(f"loss returns a {kinds[0]}, not a tensor; return one tensor: the per-row values for "
                          "reduction='none', their sum for 'sum', their mean for 'mean'")
     rows, total, mean = (torch.as_tensor(v) for v in values)
-    ok = rows.dim() >= 1 and rows.shape[0] == len(out) and total.numel() == 1 and mean.numel() == 1 \
-        and torch.allclose(total.double(), rows.double().sum(), rtol=1e-4, atol=1e-6, equal_nan=True) \
-        and torch.allclose(mean.double(), rows.double().mean(), rtol=1e-4, atol=1e-6, equal_nan=True)
-    if not ok:
+    close = lambda a, b: torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-6, equal_nan=True)
+    shaped = rows.dim() >= 1 and rows.shape[0] == len(out) and total.numel() == 1 and mean.numel() == 1
+    if shaped and close(total, rows.sum()) and not close(mean, rows.mean()):
+        raise ValueError(f"loss's 'mean' ({mean.item():.4g}) is not the mean of its 'none' values "
+                         f"({rows.double().mean().item():.4g}), as with cross_entropy(weight=w), whose 'mean' divides "
+                         "by the weights' sum: the engine averages the per-row values itself (vmap trains on 'none'), "
+                         "so training would not follow the weighting it states; give a loss whose 'mean' is the mean of its "
+                         "rows (compute the 'none' values, return them, their .sum() or their .mean())")
+    if not (shaped and close(total, rows.sum()) and close(mean, rows.mean())):
         raise ValueError(f"loss does not honour reduction=: on {len(out)} rows it gave shapes {tuple(rows.shape)} "
                          f"('none'), {tuple(total.shape)} ('sum'), {tuple(mean.shape)} ('mean'); return the per-row "
                          "values for 'none', their sum for 'sum' and their mean for 'mean', as torch.nn.functional "
