@@ -563,3 +563,89 @@ def test_reproduce_at_paper_scale_exits_non_zero_when_one_claim_errors(tmp_path)
     rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "reproduce", "tiny", "--scale", "paper",
                         "-j", "1"])
     assert "Traceback" not in err and rc == 1, (rc, out[-600:], err[-600:])
+
+
+# ================================================================================ (6) the Flower adapter's replies
+def _flower(fed):
+    pytest.importorskip("flwr")
+    from fedlab_nb.flower import MethodStrategy, _setup
+    s = MethodStrategy(_setup("fedavg", fed, "logreg", rounds=1, clients_per_round=3))
+    s.nodes, s.sampled, s._t0 = {k: 100 + k for k in range(fed.num_clients)}, np.array([0, 1, 2]), 0.0
+    s.down, s.theta_bytes = {"theta": s.theta}, 0
+    return s
+
+
+def _reply(s, k, delta=None, **metrics):
+    from types import SimpleNamespace
+
+    from flwr.app import Array
+    delta = np.full(s.theta.numel(), 0.01, np.float32) if delta is None else delta
+    metrics = {"client-id": k, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 400, **metrics}
+    return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k),
+                           content={"metrics": metrics, "message": {"delta": Array(delta)}})
+
+
+@pytest.mark.parametrize("which", ["client-id True", "client-id 0.0", "client-id '0'", "no metrics record",
+                                   "train-loss text", "steps 10**30", "num-examples True", "float16 delta"])
+def test_flower_more_malformed_replies_are_refused_naming_the_client(fed10, which):  # held
+    s = _flower(fed10)
+    over = {"client-id True": {"client-id": True}, "client-id 0.0": {"client-id": 0.0},
+            "client-id '0'": {"client-id": "0"}, "train-loss text": {"train-loss": "\x1b[2J"},
+            "steps 10**30": {"steps": 10 ** 30}, "num-examples True": {"num-examples": True}}.get(which, {})
+    k = 1 if which == "client-id True" else 0
+    r = _reply(s, k, np.zeros(s.theta.numel(), np.float16) if which == "float16 delta" else None, **over)
+    if which == "no metrics record":
+        del r.content["metrics"]
+    with pytest.raises(ValueError, match=rf"client {k}|node {100 + k}") as e:
+        s.aggregate_train(1, [r])
+    assert "\x1b" not in str(e.value)
+
+
+@F_(7, "the Flower adapter logs a failed reply's error.reason raw (`node 100 failed this round: ESC]0;pwned BEL "
+        "ESC[2J U+202E boom`): a remote client's text reaches the server's terminal unfiltered")
+def test_flower_does_not_log_a_failed_clients_error_text_raw(fed10, caplog):
+    """A reply with has_error() is logged as `node N failed this round: <its error.reason>`, the client's text
+    unfiltered: escape sequences and bidi overrides from a remote client reach the server's terminal."""
+    from types import SimpleNamespace
+    import logging
+    s = _flower(fed10)
+    r = _reply(s, 0)
+    r.has_error = lambda: True
+    r.error = SimpleNamespace(code=1, reason="\x1b]0;pwned\x07\x1b[2J\u202eboom")
+    with caplog.at_level(logging.WARNING):
+        s.aggregate_train(1, [r, _reply(s, 1)])
+    text = " ".join(rec.getMessage() for rec in caplog.records)
+    assert "failed" in text and not any(c in text for c in CONTROL), repr(text)
+
+
+# ================================================================================ (3) the course folder
+@pytest.mark.parametrize("where", ["student/tiny.ipynb", "instructor/tiny.ipynb", "syllabus"])
+@F_(8, "write_course (scripts/make_course.py) writes through a symbolic link at results/course/student/<nb>.ipynb "
+    "(nbformat.write), results/course/instructor/<nb>.ipynb (shutil.copyfile) and docs/syllabus.md (write_text)")
+def test_make_course_does_not_write_through_links(tmp_path, monkeypatch, where):
+    import fedlab_nb.repro.course as course
+    monkeypatch.setattr(course, "build_syllabus", lambda root: "the syllabus\n")  # tinyroot's paper is in no lesson
+    root, victim = root_copy(tmp_path), tmp_path / "victim"
+    victim.write_text("precious")
+    for kind in ("student", "instructor"):
+        (root / "results" / "course" / kind).mkdir(parents=True)
+    (root / "docs").mkdir()
+    link = root / "docs" / "syllabus.md" if where == "syllabus" else root / "results" / "course" / where
+    link.symlink_to(victim)
+    try:
+        course.write_course(root)
+    except Exception as e:  # noqa: BLE001 -- a refusal naming the link is fine
+        assert "link" in str(e), e
+    assert victim.read_text() == "precious"
+
+
+def test_make_course_refuses_a_course_folder_that_is_a_link(tmp_path, monkeypatch):  # held (make_folder)
+    import fedlab_nb.repro.course as course
+    monkeypatch.setattr(course, "build_syllabus", lambda root: "the syllabus\n")
+    root, elsewhere = root_copy(tmp_path), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "results" / "course").mkdir(parents=True)
+    (root / "results" / "course" / "student").symlink_to(elsewhere)
+    with pytest.raises(Exception, match="link"):
+        course.write_course(root)
+    assert list(elsewhere.iterdir()) == []
