@@ -649,3 +649,91 @@ def test_make_course_refuses_a_course_folder_that_is_a_link(tmp_path, monkeypatc
     with pytest.raises(Exception, match="link"):
         course.write_course(root)
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("scale", ['"../x"', '"a/b"', '"\\e[2Jx"', '""', '"smoke "', "1", "null", '"x\\u202e"'])
+def test_scale_names_in_the_claims_file_are_refused_and_escaped(tmp_path, scale):  # held
+    root = root_copy(tmp_path, lambda t: t.replace("  paper: {device: cpu, parameters: {value: 2.0}}",
+                                                   "  paper: {device: cpu, parameters: {value: 2.0}}\n"
+                                                   f"  {scale}: {{device: cpu, parameters: {{value: 3.0}}}}"))
+    for cmd in (["list"], ["params", "tiny"]):
+        rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *cmd])
+        assert rc == 1 and "Traceback" not in err and "not a scale name" in out + err, (cmd, rc, out, err)
+        assert not any(c in out + err for c in CONTROL)
+
+
+# ================================================================================ (5) the board: claims file and store
+@pytest.mark.parametrize("field", ["title", "authors", "method", "claim text", "paper_value", "setting"])
+def test_board_strips_control_characters_that_come_from_the_claims_file(tmp_path, field):
+    from fedlab_nb.repro.report import build_report
+    evil = "\\e]0;pwned\\a\\e[2J\\u202e\\u2066x"
+    edit = {"title": ('title: "A tiny fixture"', f'title: "{evil}"'),
+            "authors": ('authors: "fedlab_nb tests"', f'authors: "{evil}"'),
+            "method": ('method: "Tiny — harness fixture"', f'method: "{evil}"'),
+            "claim text": ('text: "the recorded value is positive"', f'text: "{evil}"'),
+            "paper_value": ('paper_value: "2x (Eq. 1)"', f'paper_value: "{evil}"'),
+            "setting": ('setting: {paper: "none", ours: "n_points points"}', f'setting: {{paper: "{evil}", ours: "o"}}')}
+    old, new = edit[field]
+    root, results = root_copy(tmp_path, lambda t: t.replace(old, new)), tmp_path / "results"
+    results.mkdir()
+    (results / "tiny-smoke.json").write_text(json.dumps({
+        "paper": "tiny", "scale": "smoke", "verdict": "reproduced", "metrics": {"value": 1.0},
+        "claims": [{"id": "value_positive", "verdict": "reproduced", "expect": "> 0", "role": "headline"}]}))
+    build_report(results, root)
+    for name in ("REPORT.md", "index.html"):
+        text = (results / name).read_text()
+        assert not any(c in text for c in CONTROL), (name, field)
+
+
+def test_board_strips_control_characters_from_the_stored_paper_scale_result(tmp_path):  # held
+    from fedlab_nb.repro.report import build_report
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    results.mkdir()
+    evil = "\x1b]0;pwned\x07\x1b[2J\u202e\u2066x"
+    base = {"paper": "tiny", "verdict": "reproduced", "metrics": {"value": 1.0},
+            "claims": [{"id": "value_positive", "verdict": "reproduced", "expect": "> 0", "role": "headline",
+                        "note": evil, "text": evil}]}
+    (results / "tiny-smoke.json").write_text(json.dumps({**base, "scale": "smoke"}))
+    (root / "papers" / "paper_scale").mkdir()
+    (root / "papers" / "paper_scale" / "tiny.json").write_text(json.dumps({
+        **base, "scale": "paper", "cpu": evil, "git_commit": evil, "verdict": "reproduced" + evil}))
+    build_report(results, root)
+    for name in ("REPORT.md", "index.html"):
+        text = (results / name).read_text()
+        assert not any(c in text for c in CONTROL), name
+
+
+# ================================================================================ (4) requires entries
+@pytest.mark.parametrize("requires", ['["os..path"]', "[1]", '["\\u00e9"]', '["' + "a" * 300 + '"]'],
+                         ids=["double dot", "number", "non-ASCII", "300 characters"])
+@F_(9, "a claims file's `requires` entries are checked only by `reproduce --all` (which calls the file invalid); "
+    "`list` shows the paper as valid and `reproduce ID` / `params` run it, so one file gets two answers")
+def test_requires_entries_are_checked_when_the_claims_file_is_loaded(tmp_path, requires):
+    root = root_copy(tmp_path, lambda t: t.replace("notebook: notebooks/tiny.ipynb",
+                                                   f"notebook: notebooks/tiny.ipynb\nrequires: {requires}"))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "list"])
+    assert rc == 1 and "requires" in out + err, (rc, out[-300:], err)
+
+
+# ================================================================================ (8) History sidecars and CSVs
+@pytest.mark.parametrize("case", ["sidecar 100,000 deep", "sidecar 5,000-digit int", "csv 1e999", "csv 5,000-digit int",
+                                  "csv NUL", "csv duplicate columns", "csv round text"])
+def test_history_odd_files_are_a_summary_or_one_line(tmp_path, case):  # held
+    csv = "round,train_loss,test_acc,epsilon\n1,0.5,0.9,1.0\n"
+    side = json.dumps({"method": "fedavg", "dataset": "digits"})
+    if case == "sidecar 100,000 deep":
+        side = '{"method": ' + "[" * 100000 + "]" * 100000 + "}"
+    elif case == "sidecar 5,000-digit int":
+        side = '{"method": "m", "delta": ' + "9" * 5000 + "}"
+    else:
+        csv = {"csv 1e999": "round,train_loss,test_acc,epsilon\n1,1e999,0.9,1e999\n",
+               "csv 5,000-digit int": "round,train_loss,test_acc,bytes_up\n1,0.5,0.9," + "9" * 5000 + "\n",
+               "csv NUL": "round,train_loss,test_acc\n1,0.5\x00,0.9\n",
+               "csv duplicate columns": "round,round,test_acc,test_acc\n1,2,0.9,0.8\n",
+               "csv round text": "round,train_loss,test_acc\nabc,0.5,0.9\n"}[case]
+    (tmp_path / "h.csv").write_text(csv)
+    (tmp_path / "h.json").write_text(side)
+    rc, out, err = cli(["history", tmp_path / "h.csv"])
+    assert rc in (0, 2) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+    if rc == 2:
+        assert len(err.strip().splitlines()) == 1
