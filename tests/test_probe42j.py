@@ -737,3 +737,25 @@ def test_history_odd_files_are_a_summary_or_one_line(tmp_path, case):  # held
     assert rc in (0, 2) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
     if rc == 2:
         assert len(err.strip().splitlines()) == 1
+
+
+# ================================================================================ (6) on_nonfinite under secure aggregation
+@F_(10, "secure aggregation ignores on_nonfinite='drop': one client whose update is non-finite (its rows scaled "
+    "by 1e30) stops the whole run with 'client 2 sent a non-finite delta', where fedavg drops it and goes on")
+def test_secure_aggregation_honours_on_nonfinite_drop():
+    rng = np.random.default_rng(0)
+    clients = [(rng.normal(size=(20, 5)).astype(np.float32), rng.integers(0, 3, 20)) for _ in range(4)]
+    clients[2] = (clients[2][0] * np.float32(1e30), clients[2][1])  # finite rows, a non-finite update
+    fed = FederatedDataset.from_clients(clients)
+    run = dict(KW, rounds=2, on_nonfinite="drop")
+    assert torch.isfinite(fl.simulate("fedavg", fed, "logreg", **run).theta).all()  # the plain run drops it
+    h = fl.simulate("secure_aggregation", fed, "logreg", **run)
+    assert torch.isfinite(h.theta).all()
+
+
+def test_secure_aggregation_with_on_nonfinite_raise_names_the_client():  # held
+    rng = np.random.default_rng(0)
+    clients = [(rng.normal(size=(20, 5)).astype(np.float32), rng.integers(0, 3, 20)) for _ in range(4)]
+    clients[2] = (clients[2][0] * np.float32(1e30), clients[2][1])
+    with pytest.raises(ValueError, match="client 2"):
+        fl.simulate("secure_aggregation", FederatedDataset.from_clients(clients), "logreg", **dict(KW, rounds=2))
