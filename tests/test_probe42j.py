@@ -4,7 +4,6 @@ ninth (MaxPool2x2's autograd rules, the checkpoint's data hash, the board's stri
 variants test_probe42*.py do not try. Each test asserts the correct behaviour; a test marked xfail(strict=True) is
 an open finding (its reason says what is wrong), so the suite stays green until it is fixed."""
 import json
-import os
 
 import numpy as np
 import pytest
@@ -182,7 +181,8 @@ def test_from_clients_uint64_ids_beyond_int64_name_the_labels():
 @pytest.mark.parametrize("case", ["x int", "x float16", "x float64 1e300"])
 def test_from_clients_rows_of_another_dtype_fail_at_simulate_with_a_named_error(case):  # held
     x = np.random.default_rng(0).normal(size=(10, 5))
-    x = {"x int": x.astype(np.int64), "x float16": x.astype(np.float16), "x float64 1e300": np.full((10, 5), 1e300)}[case]
+    x = {"x int": x.astype(np.int64), "x float16": x.astype(np.float16),
+         "x float64 1e300": np.full((10, 5), 1e300)}[case]
     fed = FederatedDataset.from_clients([(x, np.arange(10) % 3)] * 2)
     with pytest.raises(ValueError, match="dtype"):
         fl.simulate("fedavg", fed, "logreg", **KW)
@@ -285,10 +285,14 @@ def test_report_with_a_result_file_that_links_outside_does_not_write_there(tmp_p
 
 
 # ================================================================================ (4) paths and sizes from files
-@pytest.mark.parametrize("notebook", ["notebooks/tiny.ipynb\\0", pytest.param("notebooks/" + "n" * 300 + ".ipynb", marks=F_(
-    4, "a claims file whose notebook: name is over 255 characters makes params, run and reproduce end in a bare "
-    "OSError (File name too long) traceback")),
-                                      "notebooks/./../notebooks/tiny.ipynb", "~/tiny.ipynb", "notebooks/\\u202etiny.ipynb"],
+LONG_NAME = F_(4, "a claims file whose notebook: name is over 255 characters makes params, run and reproduce end "
+               "in a bare OSError (File name too long) traceback")
+
+
+@pytest.mark.parametrize("notebook", ["notebooks/tiny.ipynb\\0",
+                                      pytest.param("notebooks/" + "n" * 300 + ".ipynb", marks=LONG_NAME),
+                                      "notebooks/./../notebooks/tiny.ipynb", "~/tiny.ipynb",
+                                      "notebooks/\\u202etiny.ipynb"],
                          ids=["NUL", "name too long", "dot-dot back in", "tilde", "bidi"])
 def test_claims_notebook_field_variants_are_one_line(tmp_path, notebook):
     root = root_copy(tmp_path, lambda t: t.replace("notebook: notebooks/tiny.ipynb", f'notebook: "{notebook}"'))
@@ -672,7 +676,8 @@ def test_board_strips_control_characters_that_come_from_the_claims_file(tmp_path
             "method": ('method: "Tiny — harness fixture"', f'method: "{evil}"'),
             "claim text": ('text: "the recorded value is positive"', f'text: "{evil}"'),
             "paper_value": ('paper_value: "2x (Eq. 1)"', f'paper_value: "{evil}"'),
-            "setting": ('setting: {paper: "none", ours: "n_points points"}', f'setting: {{paper: "{evil}", ours: "o"}}')}
+            "setting": ('setting: {paper: "none", ours: "n_points points"}',
+                        f'setting: {{paper: "{evil}", ours: "o"}}')}
     old, new = edit[field]
     root, results = root_copy(tmp_path, lambda t: t.replace(old, new)), tmp_path / "results"
     results.mkdir()
@@ -739,9 +744,9 @@ def test_history_odd_files_are_a_summary_or_one_line(tmp_path, case):  # held
         assert len(err.strip().splitlines()) == 1
 
 
-# ================================================================================ (6) on_nonfinite under secure aggregation
+# ========================================================================== (6) on_nonfinite under secure aggregation
 @F_(10, "secure aggregation ignores on_nonfinite='drop': one client whose update is non-finite (its rows scaled "
-    "by 1e30) stops the whole run with 'client 2 sent a non-finite delta', where fedavg drops it and goes on")
+    "by 1e30) stops the whole run with 'client 2 sent a non-finite delta'; fedavg drops it and goes on")
 def test_secure_aggregation_honours_on_nonfinite_drop():
     rng = np.random.default_rng(0)
     clients = [(rng.normal(size=(20, 5)).astype(np.float32), rng.integers(0, 3, 20)) for _ in range(4)]
@@ -759,3 +764,20 @@ def test_secure_aggregation_with_on_nonfinite_raise_names_the_client():  # held
     clients[2] = (clients[2][0] * np.float32(1e30), clients[2][1])
     with pytest.raises(ValueError, match="client 2"):
         fl.simulate("secure_aggregation", FederatedDataset.from_clients(clients), "logreg", **dict(KW, rounds=2))
+
+
+@F_(11, "paper_scale.py store interrupted while it copies the figures (KeyboardInterrupt) leaves its hidden "
+        "temporary folder `.tiny.*` of figures in papers/paper_scale/: only OSError removes it")
+def test_store_interrupted_during_the_copy_leaves_nothing_behind(tmp_path, monkeypatch):
+    """Ctrl-C (or a kill signal Python sees) while store copies the figures: only OSError removes the temporary
+    folder, so a hidden `.tiny.*` folder of figures stays in papers/paper_scale/ (a tracked folder) for good."""
+    module = script(REPO / "scripts" / "paper_scale.py")
+    root, results = _stored_once(tmp_path, module)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(module.shutil, "copy2", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        module.store("tiny", results, root)
+    assert sorted(p.name for p in (root / "papers" / "paper_scale").iterdir()) == ["tiny", "tiny.json"]
+    assert (root / "papers" / "paper_scale" / "tiny" / "main.png").read_bytes() == PNG + b"old"
