@@ -4,6 +4,7 @@ ninth (MaxPool2x2's autograd rules, the checkpoint's data hash, the board's stri
 variants test_probe42*.py do not try. Each test asserts the correct behaviour; a test marked xfail(strict=True) is
 an open finding (its reason says what is wrong), so the suite stays green until it is fixed."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -781,3 +782,26 @@ def test_store_interrupted_during_the_copy_leaves_nothing_behind(tmp_path, monke
         module.store("tiny", results, root)
     assert sorted(p.name for p in (root / "papers" / "paper_scale").iterdir()) == ["tiny", "tiny.json"]
     assert (root / "papers" / "paper_scale" / "tiny" / "main.png").read_bytes() == PNG + b"old"
+
+
+@F_(12, "from_clients takes an explicit num_classes=10**12 (the inferred count is capped at 2^20); simulate then "
+    "dies in nn.Linear with a bare RuntimeError trying to allocate 20 TB")
+def test_from_clients_refuses_an_explicit_class_count_no_model_can_hold():
+    x = np.zeros((10, 5), np.float32)
+    with pytest.raises(ValueError, match="num_classes"):  # not simulate: building that model is the failure
+        FederatedDataset.from_clients([(x, np.arange(10) % 3)] * 2, num_classes=10 ** 12)
+
+
+# ================================================================================ (7) a checkpoint path that is not a file
+@F_(13, "simulate(checkpoint=<a FIFO or device node>) os.replace()s the node with a regular checkpoint file: "
+    "checkpoint='/dev/null' (a careless 'no checkpoint') run as root replaces the system's /dev/null; with "
+    "resume=True the error says 'checkpoint /dev/null is empty; delete it'")
+def test_a_checkpoint_path_that_is_a_special_file_is_refused_not_replaced(tmp_path):
+    import stat
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    try:
+        fl.simulate("fedavg", FederatedDataset.from_clients(pairs(0)), "logreg", checkpoint=fifo, **KW)
+    except (ValueError, OSError) as e:
+        assert "fifo" in str(e), e
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced by a regular file"
