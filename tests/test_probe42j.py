@@ -792,9 +792,9 @@ def test_from_clients_refuses_an_explicit_class_count_no_model_can_hold():
         FederatedDataset.from_clients([(x, np.arange(10) % 3)] * 2, num_classes=10 ** 12)
 
 
-# ================================================================================ (7) a checkpoint path that is not a file
-@F_(13, "simulate(checkpoint=<a FIFO or device node>) os.replace()s the node with a regular checkpoint file: "
-    "checkpoint='/dev/null' (a careless 'no checkpoint') run as root replaces the system's /dev/null; with "
+# ====================================================================== (7) a checkpoint path that is not a file
+@F_(13, "simulate(checkpoint=<a FIFO or device node>) os.replace()s the node with a regular file (History.save "
+    "too): checkpoint='/dev/null' (a careless 'no checkpoint') run as root replaces the system's /dev/null; with "
     "resume=True the error says 'checkpoint /dev/null is empty; delete it'")
 def test_a_checkpoint_path_that_is_a_special_file_is_refused_not_replaced(tmp_path):
     import stat
