@@ -61,6 +61,18 @@ def test_dp_adaptive_clip_resumed_mid_run_equals_the_whole_run(fed10, tmp_path):
     assert np.allclose(resumed["epsilon"], whole["epsilon"]) and np.allclose(resumed["clip_norm"], whole["clip_norm"])
 
 
+def test_dp_fixed_size_sampling_resumed_mid_run_equals_the_whole_run(fed10, tmp_path):  # held
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.2,
+                                             sampling="fixed")
+    whole, _ = trace(method, fed10, sampler, 5)
+    with pytest.raises(KeyboardInterrupt):
+        fl.simulate(method, fed10, rounds=5, clients_per_round=sampler, seed=0, checkpoint=tmp_path / "c.pt",
+                    callback=_stop_at(2), **RUN)
+    resumed, _ = trace(method, fed10, sampler, 5, checkpoint=tmp_path / "c.pt", resume=True)
+    assert torch.equal(resumed.theta, whole.theta) and np.allclose(resumed["epsilon"], whole["epsilon"])
+
+
 def test_local_dp_resumed_mid_run_reports_the_same_epsilon(fed10, tmp_path):  # held
     method = fl.methods.privacy.dp_fedavg.local_dp_fedavg(noise_multiplier=1.0, clip_norm=0.5)
     whole, _ = trace(method, fed10, 0.3, 6)
