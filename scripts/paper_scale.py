@@ -132,8 +132,10 @@ def _store(paper_id: str, results: Path, root: Path) -> Path:
         for found, name in copies:
             shutil.copy2(found, fresh / name)
         write_atomic(fresh / f"{paper_id}.json", json.dumps(kept, indent=1, sort_keys=True) + "\n")
-    except OSError as e:
+    except BaseException as e:  # a full disk, Ctrl-C: the temporary folder goes, the stored result stays
         shutil.rmtree(fresh, ignore_errors=True)
+        if not isinstance(e, OSError):
+            raise
         raise SystemExit(printable(f"{source}: writing the stored copy failed ({e}); the stored result is unchanged, "
                                    "nothing stored", 300)) from None
     _swap_in(fresh, folder, path)

@@ -163,6 +163,9 @@ class FederatedDataset:
         elif isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)):
             raise ValueError(f"num_classes must be a whole number (the class count, or the regression target's "
                              f"width), got {type(num_classes).__name__} {num_classes!r}")
+        elif num_classes > MAX_INFERRED_CLASSES:  # the models' output layer: 10**12 classes is 20 TB of weights
+            raise ValueError(f"num_classes={num_classes:,} is more outputs than a model here can hold (at most "
+                             f"{MAX_INFERRED_CLASSES:,}); pass the number of classes (or the target's width)")
         ds = Dataset(name, x, y, x_test, y_test, int(num_classes), tuple(x.shape[1:]))
         ends = np.cumsum([len(t) for t in ys])
         parts = Partition([np.arange(e - len(t), e) for e, t in zip(ends, ys)], name="given")

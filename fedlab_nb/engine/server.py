@@ -26,7 +26,7 @@ from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
 from ..utils import check_loss, check_positive_int, check_seed, rng
 from . import batched
-from .checkpoint import CheckpointError, data_fingerprint, fingerprint, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, checkpoint_path, data_fingerprint, fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
 from .history import History
@@ -266,7 +266,8 @@ def uplink(s: RoundSetup, r: int, msgs: Messages, cstate: dict, byz: torch.Tenso
         prefix = f"uplink{i}."
         own = {k[len(prefix):]: v for k, v in cstate.items() if k.startswith(prefix)}
         g = torch.Generator(device="cpu").manual_seed(int(rng(s.cfg.seed, TRANSFORM, r, i).integers(2**62)))
-        msgs, own = transform(msgs, own, TransformContext(r, msgs.client_ids, byz, g, theta, down or {"theta": theta}))
+        ctx = TransformContext(r, msgs.client_ids, byz, g, theta, down or {"theta": theta}, s.cfg.on_nonfinite)
+        msgs, own = transform(msgs, own, ctx)
         cstate = {**cstate, **{prefix + k: v for k, v in own.items()}}
     if attack is not None and byz.any():
         gen = torch.Generator(device="cpu").manual_seed(int(rng(s.cfg.seed, ATTACK, r).integers(2**62)))
@@ -365,7 +366,11 @@ def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundI
     if groups is not None and not groups.everything_sent:  # only the sent tensors move on the server
         agg = theta.new_zeros(theta.numel()).index_copy_(0, groups.index("sent", theta.device), agg)
     theta, state = checked_step(method, state, theta, agg, info, on_nonfinite)
-    return theta, state, float((info.sizes @ losses) / info.sizes.sum())
+    sizes = info.sizes
+    if on_nonfinite == "drop":  # a client an uplink transform left out for a non-finite update (secure aggregation)
+        gone = ~torch.isfinite(losses) & torch.as_tensor(~np.isin(info.client_ids, msgs.client_ids), device=losses.device)
+        sizes, losses = sizes[~gone], losses[~gone]
+    return theta, state, float((sizes @ losses) / sizes.sum())
 
 
 def checked_step(method: Method, state: dict, theta: torch.Tensor, agg: torch.Tensor, info: RoundInfo,
@@ -571,7 +576,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     meta = {"method": method.name, "dataset": fed.dataset.name, "partition": fed.partition.name,
             "clients": K, **asdict(cfg), "device": str(dev),
             "fingerprint": run_id, "backend_used": backend}
-    ckpt = Path(checkpoint) if checkpoint else None
+    ckpt = checkpoint_path(checkpoint) if checkpoint else None
     data_id = data_fingerprint(fed) if ckpt else None
     if resume and ckpt and ckpt.exists():
         theta, state, rows, start = _resume(ckpt, run_id, dev, store, model, theta, rounds, data_id)
