@@ -348,12 +348,12 @@ def cmd_run(args) -> int:
         print(f"executed notebook: {out['notebook']}  ({out['wall_seconds']} s)")
     print(f"run folder: {out['folder']} (parameters.json; figures and metrics in {Path(out['run_dir']).name}/)")
     for name, value in sorted(out["metrics"].items()):
-        print(f"  {name} = {fmt(value)}")  # rounded for reading; metrics.json keeps every digit
+        print(printable(f"  {name} = {fmt(value)}"))  # rounded for reading; the notebook's text is stripped
     if out["error"]:
         return 1
     paper = C.load_paper(args.paper, root)
     for claim in paper.claims:
-        print(C.claim_line(claim, *C.judge(claim, out["metrics"])))
+        print(printable(C.claim_line(claim, *C.judge(claim, out["metrics"]))))
     return 0
 
 

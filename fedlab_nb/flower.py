@@ -120,6 +120,13 @@ _METRICS = ("client-id", "num-examples", "steps", "train-loss", "bytes-up")   # 
 _MAX_COUNT = 2 ** 53   # counts (num-examples, steps, bytes-up): exact in float64, finite in float32, fit int64
 
 
+def _client_text(text, limit: int = 300) -> str:
+    """A remote client's text for the server's log: repr escapes control and format characters (terminal escape
+    sequences, bidi overrides), so the client cannot write to the operator's terminal; long text is cut."""
+    text = repr(str(text))
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
@@ -168,7 +175,8 @@ class MethodStrategy(Strategy):
                                         timeout=self.connect_timeout)
         for reply in replies:
             if reply.has_error():
-                raise RuntimeError(f"node {reply.metadata.src_node_id} failed to report its client id: {reply.error.reason}")
+                raise RuntimeError(f"node {reply.metadata.src_node_id} failed to report its client id: "
+                                   f"{_client_text(reply.error.reason)}")
             node, k = reply.metadata.src_node_id, dict(reply.content.get("metrics", {})).get("client-id")
             if not _is_int(k) or not 0 <= k < K:
                 raise ValueError(f"node {node} reports client id {k!r}; it must be an integer in 0..{K - 1}: start it "
@@ -196,7 +204,7 @@ class MethodStrategy(Strategy):
     def aggregate_train(self, server_round: int, replies):
         replies = list(replies)
         for bad in (m for m in replies if m.has_error()):
-            log.warning("node %s failed this round: %s", bad.metadata.src_node_id, bad.error.reason)
+            log.warning("node %s failed this round: %s", bad.metadata.src_node_id, _client_text(bad.error.reason))
         good = self._finite_losses(server_round, self._checked(server_round, [m for m in replies if not m.has_error()]))
         row = {"round": server_round, "n_sampled": len(self.sampled), "train_loss": float("nan")}
         if good:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -123,25 +124,39 @@ def _store(paper_id: str, results: Path, root: Path) -> Path:
         copies.append((found, Path(name).name))
     store_dir = make_folder(root / "papers" / "paper_scale")
     folder, path = refuse_link(store_dir / paper_id), refuse_link(store_dir / f"{paper_id}.json")
-    fresh = Path(tempfile.mkdtemp(prefix=f".{paper_id}.", dir=store_dir))  # the old figures stay until all are copied
-    try:
-        for found, name in copies:
-            shutil.copy2(found, fresh / name)
-    except OSError as e:
-        shutil.rmtree(fresh, ignore_errors=True)
-        raise SystemExit(printable(f"{source}: copying its figures failed ({e}); the stored result is unchanged, "
-                                   "nothing stored", 300)) from None
-    fresh.chmod(0o755)  # mkdtemp makes 0700; the stored figures are ordinary files of the repository
-    if folder.is_dir():
-        shutil.rmtree(folder)
-    elif folder.exists():
-        folder.unlink()
-    fresh.rename(folder)
     kept = {k: v for k, v in data.items() if k not in ("outputs", "notebook")}  # local paths, not the record
     kept["figures"] = [f"{paper_id}/{Path(n).name}" for n in data.get("figures", [])]
     kept["figure_data"] = [f"{paper_id}/{Path(n).name}" for n in data.get("figure_data", [])]
-    write_atomic(path, json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    fresh = Path(tempfile.mkdtemp(prefix=f".{paper_id}.", dir=store_dir))  # the old result stays until all is written
+    try:
+        for found, name in copies:
+            shutil.copy2(found, fresh / name)
+        write_atomic(fresh / f"{paper_id}.json", json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    except BaseException as e:  # a full disk, Ctrl-C: the temporary folder goes, the stored result stays
+        shutil.rmtree(fresh, ignore_errors=True)
+        if not isinstance(e, OSError):
+            raise
+        raise SystemExit(printable(f"{source}: writing the stored copy failed ({e}); the stored result is unchanged, "
+                                   "nothing stored", 300)) from None
+    _swap_in(fresh, folder, path)
     return path
+
+
+def _swap_in(fresh: Path, folder: Path, path: Path) -> None:
+    """Replace the stored figures folder and JSON by the ones written in `fresh` (renames only: nothing there can
+    run out of space, so the figures and the numbers beside them change together)."""
+    fresh.chmod(0o755)  # mkdtemp makes 0700; the stored figures are ordinary files of the repository
+    new_json = fresh.parent / f".{path.name}.new"
+    (fresh / path.name).rename(new_json)
+    old = fresh.parent / f"{fresh.name}.old"
+    if folder.exists():
+        folder.rename(old)
+    fresh.rename(folder)
+    os.replace(new_json, path)
+    if old.is_dir():
+        shutil.rmtree(old)
+    elif old.exists():
+        old.unlink()
 
 
 def main(argv=None) -> int:

@@ -90,6 +90,9 @@ def _refuse_link(path: Path) -> None:
     if path.is_symlink():
         raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)}); History.save does not write through "
                          "links: remove it or save to another path")
+    if path.exists() and not path.is_file():  # os.replace would put the file in place of a FIFO or a device
+        raise ValueError(f"{path} is not a regular file (a folder, a FIFO or a device such as /dev/null); "
+                         "History.save replaces the file at its path: save to another path")
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -82,10 +82,12 @@ class DownlinkTransform:
 @dataclass
 class TransformContext:
     """What a transform may use: the round, its clients, the Byzantine mask of those clients, a generator,
-    and what the server broadcast this round (`down`: θ and e.g. an adaptive clip norm)."""
+    what the server broadcast this round (`down`: θ and e.g. an adaptive clip norm) and the run's
+    `on_nonfinite` ("raise" or "drop": what to do with a client whose message is NaN or inf)."""
     round: int
     client_ids: np.ndarray
     byzantine: torch.Tensor       # bool [m]
     generator: torch.Generator
     theta: torch.Tensor
     down: dict = field(default_factory=dict)
+    on_nonfinite: str = "raise"

@@ -60,8 +60,11 @@ def _integer(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
-def _class_ids(y: torch.Tensor) -> torch.Tensor:
+def _class_ids(y: torch.Tensor, what: str) -> torch.Tensor:
     """Integer labels of any width (np.int32, uint8 ...) as the int64 class ids the losses take; others as given."""
+    if y.dtype == torch.uint64 and len(y) and int(y.numpy().max()) > torch.iinfo(torch.int64).max:
+        raise ValueError(f"{what} holds class id {int(y.numpy().max()):,} (uint64, beyond int64): class ids must be "
+                         "0 … K-1; remap the labels (np.unique(y, return_inverse=True)[1])")
     return y.long() if _integer(y.dtype) else y
 
 
@@ -128,15 +131,18 @@ class FederatedDataset:
             raise ValueError("clients must be a non-empty list of (x, y) pairs, one per client, got "
                              f"{type(clients).__name__}")
         xs = [_numeric(x, f"clients[{k}]'s x") for k, (x, _) in enumerate(clients)]
-        ys = [_class_ids(_numeric(y, f"clients[{k}]'s y")) for k, (_, y) in enumerate(clients)]
+        ys = [_class_ids(_numeric(y, f"clients[{k}]'s y"), f"clients[{k}]'s y") for k, (_, y) in enumerate(clients)]
         if any(len(x) != len(y) or len(y) == 0 or x.shape[1:] != xs[0].shape[1:] for x, y in zip(xs, ys)):
             raise ValueError("clients must be a non-empty list of (x, y) with len(x) == len(y) >= 1 per client and "
                              "rows of one shape")
+        if xs[0][0].numel() == 0:  # x of shape [n, 0] (a column selection that kept nothing) trains a bias only
+            raise ValueError(f"clients' x has rows with no features (shape {tuple(xs[0].shape)}); give at least one "
+                             "feature per row")
         x, y = torch.cat(xs), torch.cat(ys)
         if test is not None and not (isinstance(test, (list, tuple)) and len(test) == 2):
             raise ValueError(f"test must be one (x, y) pair, got {type(test).__name__}")
         x_test, y_test = (x, y) if test is None else (_numeric(test[0], "test's x"), _numeric(test[1], "test's y"))
-        y_test = _class_ids(y_test)
+        y_test = _class_ids(y_test, "test's y")
         if len(y_test) == 0:
             raise ValueError("test is an empty (x, y) pair; give at least one test row, or test=None to test on the "
                              "clients' rows")
@@ -157,6 +163,9 @@ class FederatedDataset:
         elif isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)):
             raise ValueError(f"num_classes must be a whole number (the class count, or the regression target's "
                              f"width), got {type(num_classes).__name__} {num_classes!r}")
+        elif num_classes > MAX_INFERRED_CLASSES:  # the models' output layer: 10**12 classes is 20 TB of weights
+            raise ValueError(f"num_classes={num_classes:,} is more outputs than a model here can hold (at most "
+                             f"{MAX_INFERRED_CLASSES:,}); pass the number of classes (or the target's width)")
         ds = Dataset(name, x, y, x_test, y_test, int(num_classes), tuple(x.shape[1:]))
         ends = np.cumsum([len(t) for t in ys])
         parts = Partition([np.arange(e - len(t), e) for e, t in zip(ends, ys)], name="given")

@@ -67,8 +67,18 @@ def data_fingerprint(fed) -> str:
     return h.hexdigest()[:16]
 
 
+def checkpoint_path(checkpoint) -> Path:
+    """checkpoint= as a Path, refused when something other than a regular file is there: os.replace would put
+    the checkpoint in place of a FIFO, a device (checkpoint='/dev/null' run as root) or fail on a folder."""
+    path = Path(checkpoint)
+    if path.exists() and not path.is_file():
+        raise ValueError(f"checkpoint={str(checkpoint)!r} is not a regular file (a folder, a FIFO or a device such "
+                         "as /dev/null); give the path of a file to write, or checkpoint=None for no checkpoint")
+    return path
+
+
 def save_checkpoint(path: Path, obj: dict) -> None:
-    path = Path(path)
+    path = checkpoint_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # a fresh temporary file (O_EXCL, random name): a link planted at a predictable name is never written through
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -26,7 +26,7 @@ from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
 from ..utils import check_loss, check_positive_int, check_seed, rng
 from . import batched
-from .checkpoint import CheckpointError, data_fingerprint, fingerprint, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, checkpoint_path, data_fingerprint, fingerprint, load_checkpoint, save_checkpoint
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
 from .history import History
@@ -266,7 +266,8 @@ def uplink(s: RoundSetup, r: int, msgs: Messages, cstate: dict, byz: torch.Tenso
         prefix = f"uplink{i}."
         own = {k[len(prefix):]: v for k, v in cstate.items() if k.startswith(prefix)}
         g = torch.Generator(device="cpu").manual_seed(int(rng(s.cfg.seed, TRANSFORM, r, i).integers(2**62)))
-        msgs, own = transform(msgs, own, TransformContext(r, msgs.client_ids, byz, g, theta, down or {"theta": theta}))
+        ctx = TransformContext(r, msgs.client_ids, byz, g, theta, down or {"theta": theta}, s.cfg.on_nonfinite)
+        msgs, own = transform(msgs, own, ctx)
         cstate = {**cstate, **{prefix + k: v for k, v in own.items()}}
     if attack is not None and byz.any():
         gen = torch.Generator(device="cpu").manual_seed(int(rng(s.cfg.seed, ATTACK, r).integers(2**62)))
@@ -365,7 +366,11 @@ def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundI
     if groups is not None and not groups.everything_sent:  # only the sent tensors move on the server
         agg = theta.new_zeros(theta.numel()).index_copy_(0, groups.index("sent", theta.device), agg)
     theta, state = checked_step(method, state, theta, agg, info, on_nonfinite)
-    return theta, state, float((info.sizes @ losses) / info.sizes.sum())
+    sizes = info.sizes
+    if on_nonfinite == "drop":  # a client an uplink transform left out for a non-finite update (secure aggregation)
+        gone = ~torch.isfinite(losses) & torch.as_tensor(~np.isin(info.client_ids, msgs.client_ids), device=losses.device)
+        sizes, losses = sizes[~gone], losses[~gone]
+    return theta, state, float((sizes @ losses) / sizes.sum())
 
 
 def checked_step(method: Method, state: dict, theta: torch.Tensor, agg: torch.Tensor, info: RoundInfo,
@@ -481,10 +486,15 @@ def _check_reductions(criterion, out: torch.Tensor, y: torch.Tensor) -> None:
         raise ValueError(f"loss returns a {kinds[0]}, not a tensor; return one tensor: the per-row values for "
                          "reduction='none', their sum for 'sum', their mean for 'mean'")
     rows, total, mean = (torch.as_tensor(v) for v in values)
-    ok = rows.dim() >= 1 and rows.shape[0] == len(out) and total.numel() == 1 and mean.numel() == 1 \
-        and torch.allclose(total.double(), rows.double().sum(), rtol=1e-4, atol=1e-6, equal_nan=True) \
-        and torch.allclose(mean.double(), rows.double().mean(), rtol=1e-4, atol=1e-6, equal_nan=True)
-    if not ok:
+    close = lambda a, b: torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-6, equal_nan=True)
+    shaped = rows.dim() >= 1 and rows.shape[0] == len(out) and total.numel() == 1 and mean.numel() == 1
+    if shaped and close(total, rows.sum()) and not close(mean, rows.mean()):
+        raise ValueError(f"loss's 'mean' ({mean.item():.4g}) is not the mean of its 'none' values "
+                         f"({rows.double().mean().item():.4g}), as with cross_entropy(weight=w), whose 'mean' divides "
+                         "by the weights' sum: the engine averages the per-row values itself (vmap trains on 'none'), "
+                         "so training would not follow the weighting it states; give a loss whose 'mean' is the mean of its "
+                         "rows (compute the 'none' values, return them, their .sum() or their .mean())")
+    if not (shaped and close(total, rows.sum()) and close(mean, rows.mean())):
         raise ValueError(f"loss does not honour reduction=: on {len(out)} rows it gave shapes {tuple(rows.shape)} "
                          f"('none'), {tuple(total.shape)} ('sum'), {tuple(mean.shape)} ('mean'); return the per-row "
                          "values for 'none', their sum for 'sum' and their mean for 'mean', as torch.nn.functional "
@@ -566,7 +576,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     meta = {"method": method.name, "dataset": fed.dataset.name, "partition": fed.partition.name,
             "clients": K, **asdict(cfg), "device": str(dev),
             "fingerprint": run_id, "backend_used": backend}
-    ckpt = Path(checkpoint) if checkpoint else None
+    ckpt = checkpoint_path(checkpoint) if checkpoint else None
     data_id = data_fingerprint(fed) if ckpt else None
     if resume and ckpt and ckpt.exists():
         theta, state, rows, start = _resume(ckpt, run_id, dev, store, model, theta, rounds, data_id)

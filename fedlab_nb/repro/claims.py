@@ -601,7 +601,7 @@ def load_claims(path: Path | str) -> Paper:
     ids = {claim.id for claim in claims} | {row.id for row in report}
     return Paper(id=pid, method=text_fields["method"], paper=dict(paper), seed_quote=text_fields["seed_quote"],
                  code=code, notebook=text_fields["notebook"], scales=scales, claims=tuple(claims), path=path,
-                 requires=tuple(c.value(data, "requires", "requires", (list,), "a list of module names", True) or ()),
+                 requires=_requires(c, data),
                  figure_tolerance=_figure_tolerance(c, data.get("figure_tolerance")),
                  implementation=implementation, sources=sources, report=report,
                  paper_scale=_paper_scale(c, data.get("paper_scale"), scales, ids))
@@ -613,6 +613,9 @@ def _check_notebook_path(c: _Checker, notebook: str) -> None:
     if Path(notebook).is_absolute() or notebook.startswith("~") or ".." in parts or "\0" in notebook:
         c.fail("notebook", f"is {notebook!r}", "a path relative to the repository root, without '..', such as "
                "notebooks/<id>.ipynb")
+    if any(len(part.encode("utf-8", "replace")) > 255 for part in parts) or len(notebook) > 1024:
+        c.fail("notebook", f"is a name too long for a file system ({len(notebook)} characters, {notebook[:40]!r}…)",
+               "a path relative to the repository root with parts of at most 255 bytes, such as notebooks/<id>.ipynb")
 
 
 def _check_scale_name(c: _Checker, name) -> None:
@@ -625,14 +628,19 @@ def _check_scale_name(c: _Checker, name) -> None:
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
+def _requires(c: _Checker, data: dict) -> tuple:
+    """`requires`: dotted module names, checked when the file is loaded (so every command gives one answer) and
+    never imported here."""
+    names = c.value(data, "requires", "requires", (list,), "a list of module names", True) or ()
+    for m in names:
+        if not isinstance(m, str) or len(m) > 200 or not _MODULE.fullmatch(m):
+            c.fail("requires", f"has {str(m)[:80]!r}", "dotted module names such as flwr or torch.func")
+    return tuple(names)
+
+
 def missing_requirements(paper: Paper) -> list[str]:
-    """The modules in the paper's `requires` whose top-level package is not installed here. Each entry must be
-    a dotted module name; only its top-level name is looked up (find_spec('a.b') would import 'a')."""
-    import importlib.util
-    for m in paper.requires:
-        if not isinstance(m, str) or not _MODULE.fullmatch(m) or len(m) > 200:
-            raise ClaimsFileError(f"{paper.path}: field 'requires' has {str(m)[:80]!r}; expected dotted module "
-                                  "names such as flwr or torch.func")
+    """The modules in the paper's `requires` whose top-level package is not installed here; only the top-level
+    name is looked up (find_spec('a.b') would import 'a')."""
     return [m for m in paper.requires if not _importable(m.split(".")[0])]
 
 

@@ -593,36 +593,38 @@ def _paper_section(paper, nb) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- writing it all
+def _notebook_text(nb) -> str:
+    """The text nbformat.write puts in a file (it ends with a newline)."""
+    import nbformat
+    text = nbformat.writes(nb)
+    return text if text.endswith("\n") else text + "\n"
+
+
 def write_course(root=None, out=None, syllabus=None) -> dict:
     """Write the syllabus (default docs/syllabus.md) and, for every notebook in notebooks/, the student version
     (<out>/student/<nb>.ipynb), an unchanged copy (<out>/instructor/<nb>.ipynb) and, for a notebook with
     self-graded exercises, the autograder's source (<out>/autograder/source/<stem>/<nb>.ipynb, nbgrader's
     layout; scripts/grade.py grades submissions against it). out defaults to results/course; notebooks/ is only
     read. Returns {'syllabus': path, 'student': [...], 'instructor': [...], 'autograder': [...]}."""
-    import shutil
-
     import nbformat
     from .claims import default_root
-    from .files import make_folder
+    from .files import make_folder, write_atomic
     root = Path(root or default_root())
     out = Path(out) if out else root / "results" / "course"
     syllabus = Path(syllabus) if syllabus else root / "docs" / "syllabus.md"
     syllabus.parent.mkdir(parents=True, exist_ok=True)
-    syllabus.write_text(build_syllabus(root))
+    write_atomic(syllabus, build_syllabus(root))  # never through a link (write_atomic refuses one)
     written = {"syllabus": syllabus, "student": [], "instructor": [], "autograder": []}
     for kind in ("student", "instructor"):
         make_folder(out / kind)
     for path in sorted((root / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         exercise_cells(nb, str(path))             # an answer cell without its check cell is an error here
-        nbformat.write(student_notebook(nb), out / "student" / path.name)
-        shutil.copyfile(path, out / "instructor" / path.name)
-        written["student"].append(out / "student" / path.name)
-        written["instructor"].append(out / "instructor" / path.name)
+        written["student"].append(write_atomic(out / "student" / path.name, _notebook_text(student_notebook(nb))))
+        written["instructor"].append(write_atomic(out / "instructor" / path.name, path.read_bytes()))
         if any(is_solution(c) for c in nb.cells):
             target = make_folder(out / "autograder" / "source" / path.stem) / path.name
-            nbformat.write(autograder_notebook(nb), target)
-            written["autograder"].append(target)
+            written["autograder"].append(write_atomic(target, _notebook_text(autograder_notebook(nb))))
     return written
 
 

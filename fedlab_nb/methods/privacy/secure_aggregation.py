@@ -684,17 +684,28 @@ class SecureAggregation(Transform):
         if self.client_sizes is not None:
             self.client_sizes = tuple(_client_size(k, n) for k, n in enumerate(self.client_sizes))
 
+    def _finite_clients(self, msgs, ctx):
+        """The messages of the clients whose update is finite. Quantisation would turn NaN into 0 and clip inf, so
+        a non-finite update is an error, or with on_nonfinite='drop' that client leaves the round before the
+        protocol starts (as a client that drops out before sending its masked input)."""
+        deltas = msgs[self.key].detach()
+        bad = ~torch.isfinite(deltas.reshape(len(deltas), -1)).all(dim=1).cpu()
+        if not bad.any():
+            return msgs
+        if ctx.on_nonfinite != "drop":
+            raise ValueError(f"secure aggregation: client {int(msgs.client_ids[int(bad.nonzero()[0])])} sent a "
+                             f"non-finite '{self.key}' (NaN or inf); fix its local training (a smaller lr, or clip "
+                             "the update), or pass on_nonfinite='drop' to leave such clients out of the round")
+        return msgs.select(~bad)
+
     def round_threshold(self, m: int) -> int:
         t = self.threshold if isinstance(self.threshold, (int, np.integer)) else math.ceil(self.threshold * m)
         return max(2, int(t))
 
     def __call__(self, msgs, cstate, ctx):
+        msgs = self._finite_clients(msgs, ctx)
         ids = [int(k) for k in msgs.client_ids]
         deltas = msgs[self.key].detach().cpu().numpy()
-        bad = ~np.isfinite(deltas.reshape(len(ids), -1)).all(axis=1)
-        if bad.any():  # quantisation would turn NaN into 0 and clip inf: the secure sum would be silently wrong
-            raise ValueError(f"secure aggregation: client {ids[int(np.argmax(bad))]} sent a non-finite '{self.key}' "
-                             "(NaN or inf); fix its local training (a smaller lr, or clip the update) before summing")
         if self.client_sizes is not None and max(ids, default=-1) >= len(self.client_sizes):
             raise ValueError(f"secure aggregation: client_sizes has {len(self.client_sizes)} entries but client "
                              f"{max(ids)} takes part; pass one size per client of the federation (client_sizes="
