@@ -641,3 +641,117 @@ def test_nll_loss_with_class_weights_is_refused_naming_the_weighted_mean():  # h
         return F.nll_loss(F.log_softmax(outputs, -1), y, weight=w, reduction=reduction)
     with pytest.raises(ValueError, match="not the mean"):
         fl.simulate("fedavg", fed, "logreg", loss=weighted_nll, **KW)
+
+
+# ================================================================================ batch 2: DP through Flower
+def _dp_flower(fed):
+    pytest.importorskip("flwr")
+    from fedlab_nb.flower import MethodStrategy, _setup
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    method, sampler = dp_fedavg_with_sampler(fed, noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.3)
+    s = MethodStrategy(_setup(method, fed, "logreg", rounds=2, clients_per_round=sampler, on_nonfinite="drop"))
+    s.nodes, s.sampled, s._t0 = {k: 100 + k for k in range(fed.num_clients)}, np.array([0, 1, 2]), 0.0
+    s.down, s.theta_bytes = {"theta": s.theta}, 0
+    return s
+
+
+def test_flower_dp_round_where_every_reply_failed_is_noised(fed10):  # held
+    from types import SimpleNamespace
+    s = _dp_flower(fed10)
+    before = s.theta.clone()
+    r = _reply(s, 0)
+    r.has_error = lambda: True
+    r.error = SimpleNamespace(code=1, reason="lost")
+    s.aggregate_train(1, [r])
+    assert not torch.equal(s.theta, before) and np.isfinite(s.rows[-1]["epsilon"])
+
+
+def test_flower_dp_round_where_every_reply_is_dropped_is_noised(fed10):  # held
+    s = _dp_flower(fed10)
+    before = s.theta.clone()
+    nan = np.full(s.theta.numel(), np.nan, np.float32)
+    try:
+        s.aggregate_train(1, [_reply(s, k, nan) for k in range(3)])
+    except ValueError as e:  # a refusal naming the clients is fine; a silent unnoised release is not
+        assert "client" in str(e)
+        return
+    assert not torch.equal(s.theta, before) and torch.isfinite(s.theta).all()
+    assert np.isfinite(s.rows[-1]["epsilon"])
+
+
+# ================================================================================ batch 2: folders and paths
+@F_(7, "write_course with a link at results/course (its default out=): the student and instructor folders and "
+       "every notebook are written into the link's target; make_folder refuses a link only at the last component")
+def test_write_course_with_results_course_a_link_does_not_write_through(tmp_path, monkeypatch):
+    import fedlab_nb.repro.course as course
+    monkeypatch.setattr(course, "build_syllabus", lambda root: "the syllabus\n")
+    root, elsewhere = root_copy(tmp_path), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "docs").mkdir()
+    (root / "results").mkdir()
+    (root / "results" / "course").symlink_to(elsewhere)  # the default out= folder
+    try:
+        course.write_course(root)
+    except Exception as e:  # noqa: BLE001 -- a refusal naming the link is fine
+        assert "link" in str(e), e
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_notebook_path_longer_than_path_max_is_one_line(tmp_path):  # held
+    nb = "notebooks/" + "a/" * 2100 + "tiny.ipynb"
+    root = root_copy(tmp_path, lambda t: t.replace("notebook: notebooks/tiny.ipynb", f"notebook: {nb}"))
+    for cmd in (["params", "tiny"], ["list"]):
+        rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *cmd])
+        assert "Traceback" not in err and "raised" not in str(rc), (cmd, rc, err[:300])
+
+
+@pytest.mark.parametrize("what", ["a file", "a FIFO"])
+def test_lab_with_results_lab_not_a_folder_is_one_line(tmp_path, what):  # held
+    root = root_copy(tmp_path)
+    (tmp_path / "res").mkdir()
+    lab = tmp_path / "res" / "lab"
+    lab.write_text("x") if what == "a file" else os.mkfifo(lab)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "lab", "--dry-run"])
+    one_line_error(rc, err)
+
+
+def test_history_with_a_sidecar_linked_to_dev_zero_is_one_line(tmp_path):  # held
+    (tmp_path / "h.csv").write_text("round,train_loss,test_acc\n1,0.5,0.9\n")
+    (tmp_path / "h.json").symlink_to("/dev/zero")
+    rc, out, err = cli(["history", tmp_path / "h.csv"])
+    assert rc in (0, 2) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+
+
+def test_resume_from_a_checkpoint_linked_to_dev_zero_is_a_checkpoint_error(tmp_path):  # held
+    from fedlab_nb.engine.checkpoint import CheckpointError
+    (tmp_path / "c.pt").symlink_to("/dev/zero")
+    with pytest.raises((CheckpointError, ValueError)):
+        fl.simulate("fedavg", FederatedDataset.from_clients(pairs(0)), "logreg", checkpoint=tmp_path / "c.pt",
+                    resume=True, **KW)
+
+
+@pytest.mark.notebook
+def test_reproduce_with_its_result_path_a_folder_is_one_line_and_non_zero(tmp_path):  # held
+    root = root_copy(tmp_path)
+    (tmp_path / "res" / "tiny-smoke.json").mkdir(parents=True)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "reproduce", "tiny", "-j", "1"])
+    assert rc == 1 and "Traceback" not in out + err and "folder" in out + err, (rc, out[-300:], err[-300:])
+
+
+# ================================================================================ batch 2: run's printed lines
+@pytest.mark.notebook
+def test_run_does_not_print_control_characters_the_notebook_records(tmp_path):
+    root = root_copy(tmp_path)
+    nbp = root / "notebooks" / "tiny.ipynb"
+    nb = json.loads(nbp.read_text())
+    cell = nb["cells"][-1]
+    src = "".join(cell["source"]).replace('repro.record("double", 2 * value)',
+                                          'repro.record("double", 2 * value)\n'
+                                          'try:\n    repro.record("e\\x1b]0;pwn\\x07\\u202e\\u2028v", 1.0)\n'
+                                          'except Exception:\n    pass\n'
+                                          'print("\\x1b]0;pwned\\x07")')
+    cell["source"] = src
+    nbp.write_text(json.dumps(nb))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "run", "tiny"])
+    assert rc == 0 and "Traceback" not in err, (rc, out[-400:], err[-400:])
+    assert _clean(out + err), repr(out + err)
