@@ -809,3 +809,34 @@ def test_epsilon_for_very_many_steps_is_quick_and_finite_or_refused(steps):  # h
     except ValueError:
         return
     assert time.perf_counter() - t0 < 5 and eps > 0 and not np.isnan(eps)
+
+
+# ================================================================================ batch 4: from_clients, relative reproduce
+@F_(8, "from_clients with complex class ids (np.arange(n).astype(complex)) fails with torch's bare "
+       "NotImplementedError '\"max_all\" not implemented for ComplexDouble', not a ValueError naming y")
+def test_from_clients_complex_labels_are_a_named_error():
+    x = np.zeros((10, 5), np.float32)
+    with pytest.raises(ValueError, match=r"\by\b"):
+        FederatedDataset.from_clients([(x, (np.arange(10) % 3).astype(complex))] * 2)
+
+
+@F_(9, "from_clients with a negative class id (int8 -128) advises 'set num_classes to at least 3' when "
+       "num_classes is already 3: raising num_classes can never admit a negative label")
+def test_from_clients_negative_labels_get_advice_that_can_work():
+    x = np.zeros((10, 5), np.float32)
+    y = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, -128], dtype=np.int8)
+    with pytest.raises(ValueError) as e:
+        FederatedDataset.from_clients([(x, y)] * 2)
+    assert "num_classes to at least 3" not in str(e.value), str(e.value)
+
+
+@pytest.mark.notebook
+def test_reproduce_from_a_sub_folder_with_relative_root_and_results_env(tmp_path, monkeypatch):  # held
+    root_copy(tmp_path)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    monkeypatch.setenv("FEDLAB_NB_RESULTS", "../out/./res")
+    rc, out, err = cli(["--root", "../root", "reproduce", "tiny", "-j", "1"])
+    assert "Traceback" not in err and "raised" not in str(rc), (rc, err[-400:])
+    assert (tmp_path / "out" / "res" / "tiny-smoke.json").is_file() and (tmp_path / "out" / "res" / "tiny-smoke").is_dir()
+    assert not (tmp_path / "sub" / "out").exists() and not (tmp_path / "root" / "results").exists()
