@@ -925,3 +925,24 @@ def test_secagg_a_roster_that_differs_between_clients_is_not_a_silent_wrong_sum(
     except SecAggAbort:
         return
     assert np.array_equal(total, x.sum(0).astype(np.uint64))
+
+
+# ================================================================================ batch 6: the loss check's reach
+@F_(12, "the loss check compares 'mean' with the mean of 'none' on the first 2 test rows only: "
+        "cross_entropy(ignore_index=0) is refused when those rows hold a 0 and accepted otherwise, and then trains "
+        "on the engine's mean over all rows (ignored rows count as 0), not the loss's mean over the kept rows")
+def test_an_ignore_index_loss_is_judged_the_same_whatever_the_first_test_rows_hold():
+    def ignoring(outputs, y, reduction="mean"):
+        return F.cross_entropy(outputs, y, ignore_index=0, reduction=reduction)
+    outcomes = []
+    for first in (0, 1):
+        clients = pairs(0)
+        for _, y in clients:
+            y[:2] = first
+        fed = FederatedDataset.from_clients(clients)
+        try:
+            fl.simulate("fedavg", fed, "logreg", loss=ignoring, **KW)
+            outcomes.append("ran")
+        except ValueError:
+            outcomes.append("refused")
+    assert outcomes[0] == outcomes[1], outcomes
