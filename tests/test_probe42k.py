@@ -811,7 +811,7 @@ def test_epsilon_for_very_many_steps_is_quick_and_finite_or_refused(steps):  # h
     assert time.perf_counter() - t0 < 5 and eps > 0 and not np.isnan(eps)
 
 
-# ================================================================================ batch 4: from_clients, relative reproduce
+# ============================================================================ batch 4: from_clients, relative reproduce
 @F_(8, "from_clients with complex class ids (np.arange(n).astype(complex)) fails with torch's bare "
        "NotImplementedError '\"max_all\" not implemented for ComplexDouble', not a ValueError naming y")
 def test_from_clients_complex_labels_are_a_named_error():
@@ -838,7 +838,8 @@ def test_reproduce_from_a_sub_folder_with_relative_root_and_results_env(tmp_path
     monkeypatch.setenv("FEDLAB_NB_RESULTS", "../out/./res")
     rc, out, err = cli(["--root", "../root", "reproduce", "tiny", "-j", "1"])
     assert "Traceback" not in err and "raised" not in str(rc), (rc, err[-400:])
-    assert (tmp_path / "out" / "res" / "tiny-smoke.json").is_file() and (tmp_path / "out" / "res" / "tiny-smoke").is_dir()
+    res = tmp_path / "out" / "res"
+    assert (res / "tiny-smoke.json").is_file() and (res / "tiny-smoke").is_dir()
     assert not (tmp_path / "sub" / "out").exists() and not (tmp_path / "root" / "results").exists()
 
 
@@ -946,3 +947,17 @@ def test_an_ignore_index_loss_is_judged_the_same_whatever_the_first_test_rows_ho
         except ValueError:
             outcomes.append("refused")
     assert outcomes[0] == outcomes[1], outcomes
+
+
+def test_report_does_not_name_paths_outside_from_other_result_fields(tmp_path):  # held
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    results.mkdir()
+    (results / "tiny-smoke.json").write_text(json.dumps({
+        "paper": "tiny", "scale": "smoke", "verdict": "reproduced", "notebook": "/etc/passwd",
+        "outputs": ["../../../etc/passwd"], "figure_data": ["/etc/hostname", "tiny-smoke/../../x.json"],
+        "parameters_file": "/etc/shadow", "metrics": {"value": 1.0},
+        "claims": [{"id": "value_positive", "verdict": "reproduced", "expect": "> 0", "role": "headline"}]}))
+    cli(["--root", root, "--results", results, "report"])
+    for name in ("REPORT.md", "index.html"):
+        text = (results / name).read_text()
+        assert "/etc/" not in text and "x.json" not in text, name
