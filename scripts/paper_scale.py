@@ -128,35 +128,62 @@ def _store(paper_id: str, results: Path, root: Path) -> Path:
     kept["figures"] = [f"{paper_id}/{Path(n).name}" for n in data.get("figures", [])]
     kept["figure_data"] = [f"{paper_id}/{Path(n).name}" for n in data.get("figure_data", [])]
     fresh = Path(tempfile.mkdtemp(prefix=f".{paper_id}.", dir=store_dir))  # the old result stays until all is written
+    new_json = None
     try:
         for found, name in copies:
             shutil.copy2(found, fresh / name)
-        write_atomic(fresh / f"{paper_id}.json", json.dumps(kept, indent=1, sort_keys=True) + "\n")
-    except BaseException as e:  # a full disk, Ctrl-C: the temporary folder goes, the stored result stays
-        shutil.rmtree(fresh, ignore_errors=True)
+        new_json = _write_temporary(store_dir, f".{paper_id}.json.", json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    except BaseException as e:  # a full disk, Ctrl-C: the temporary files go, the stored result stays
+        _remove(fresh, new_json)
         if not isinstance(e, OSError):
             raise
         raise SystemExit(printable(f"{source}: writing the stored copy failed ({e}); the stored result is unchanged, "
                                    "nothing stored", 300)) from None
-    _swap_in(fresh, folder, path)
+    _swap_in(fresh, new_json, folder, path)
     return path
 
 
-def _swap_in(fresh: Path, folder: Path, path: Path) -> None:
-    """Replace the stored figures folder and JSON by the ones written in `fresh` (renames only: nothing there can
-    run out of space, so the figures and the numbers beside them change together)."""
+def _write_temporary(folder: Path, prefix: str, text: str) -> Path:
+    """`text` in a new file of a fresh name in `folder` (O_EXCL: never a leftover or a planted link)."""
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".new", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(name, 0o644)  # mkstemp makes 0600; the stored JSON is an ordinary file of the repository
+    except BaseException:
+        _remove(Path(name))
+        raise
+    return Path(name)
+
+
+def _remove(*paths) -> None:
+    for p in paths:
+        if p is not None and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p is not None and (p.exists() or p.is_symlink()):
+            p.unlink()
+
+
+def _swap_in(fresh: Path, new_json: Path, folder: Path, path: Path) -> None:
+    """Replace the stored figures folder and JSON by `fresh` and `new_json` (renames only: nothing can run out
+    of space); interrupted part-way, the old folder goes back, so the figures and the numbers change together."""
     fresh.chmod(0o755)  # mkdtemp makes 0700; the stored figures are ordinary files of the repository
-    new_json = fresh.parent / f".{path.name}.new"
-    (fresh / path.name).rename(new_json)
-    old = fresh.parent / f"{fresh.name}.old"
-    if folder.exists():
-        folder.rename(old)
-    fresh.rename(folder)
-    os.replace(new_json, path)
-    if old.is_dir():
-        shutil.rmtree(old)
-    elif old.exists():
-        old.unlink()
+    old, moved_old, moved_new = fresh.parent / f"{fresh.name}.old", False, False
+    try:
+        if folder.exists() or folder.is_symlink():
+            folder.rename(old)
+            moved_old = True
+        fresh.rename(folder)
+        moved_new = True
+        os.replace(new_json, path)
+    except BaseException:
+        if moved_new:
+            folder.rename(fresh)
+        if moved_old:
+            old.rename(folder)
+        _remove(fresh, new_json)
+        raise
+    _remove(old)
 
 
 def main(argv=None) -> int:

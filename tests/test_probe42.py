@@ -114,7 +114,7 @@ def test_secure_aggregation_refuses_a_non_finite_update_naming_the_client():
     t = SecureAggregation(threshold=2)
     d = torch.full((3, 4), 0.1)
     d[1, 2] = float("nan")
-    ctx = SimpleNamespace(generator=torch.Generator().manual_seed(0))
+    ctx = SimpleNamespace(generator=torch.Generator().manual_seed(0), on_nonfinite="raise")
     with pytest.raises(ValueError, match="client 1"):   # now: NaN quantised to 0, the sum silently wrong
         t(Messages({"delta": d}, np.array([0, 1, 2])), {}, ctx)
 

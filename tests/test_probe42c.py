@@ -492,7 +492,7 @@ def test_secure_aggregation_short_client_sizes_is_a_named_error():
     from fedlab_nb.core.messages import Messages
     from fedlab_nb.methods.privacy.secure_aggregation import SecureAggregation
     t = SecureAggregation(threshold=2, client_sizes=(10, 10))
-    ctx = SimpleNamespace(generator=torch.Generator().manual_seed(0))
+    ctx = SimpleNamespace(generator=torch.Generator().manual_seed(0), on_nonfinite="raise")
     with pytest.raises(ValueError, match="client_sizes|client 2"):
         t(Messages({"delta": torch.full((3, 4), 0.1)}, np.array([0, 1, 2])), {}, ctx)
 

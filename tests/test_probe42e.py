@@ -108,7 +108,7 @@ def test_secondary_entry_nan_in_simulate_is_caught(fed10):
 def test_secure_aggregation_bad_client_sizes_are_a_named_error(sizes):
     from fedlab_nb.core.messages import Messages
     from fedlab_nb.methods.privacy.secure_aggregation import SecureAggregation
-    ctx = SimpleNamespace(generator=torch.Generator().manual_seed(0))
+    ctx = SimpleNamespace(generator=torch.Generator().manual_seed(0), on_nonfinite="raise")
     with pytest.raises(ValueError, match="client_sizes|client 1|bits"):
         t = SecureAggregation(threshold=2, client_sizes=sizes)
         t(Messages({"delta": torch.full((3, 4), 0.1)}, np.array([0, 1, 2])), {}, ctx)

@@ -73,8 +73,6 @@ def test_dp_resume_with_another_noise_multiplier_is_refused(fed10, tmp_path):  #
                     **RUN)
 
 
-@F_(1, "dp_bag_responses accepts clip=inf (the response bound B): every bag mean is released as ±inf, "
-       "no error (dp_noise_scale checks clip > 0, not finite)")
 def test_label_dp_bag_responses_refuse_an_infinite_clip():
     from fedlab_nb.methods.privacy import aggregate_responses as A
     rng = np.random.default_rng(0)
@@ -82,8 +80,6 @@ def test_label_dp_bag_responses_refuse_an_infinite_clip():
         A.dp_bag_responses(rng.normal(size=20), A.random_bags(20, 4, rng), 1.0, float("inf"), rng)
 
 
-@F_(2, "dp_bag_responses releases NaN for a bag holding a NaN response (np.clip keeps NaN): the release shows "
-       "which bag holds the missing label, and no error names the row")
 def test_label_dp_bag_responses_refuse_a_nan_response():
     from fedlab_nb.methods.privacy import aggregate_responses as A
     rng = np.random.default_rng(0)
@@ -132,12 +128,12 @@ def test_figures_update_with_relative_results_writes_the_reference_in_the_root(t
 
 
 # ================================================================================ (3) links and special files
-@F_(3, "History.save('run.json') writes the CSV to run.json, then the meta sidecar (path.with_suffix('.json')) "
-       "over it: the rows are lost and History.load(path) of the returned path fails")
-def test_history_save_to_a_json_name_keeps_the_rows(tmp_path):
+def test_history_save_to_a_json_name_keeps_the_rows(tmp_path):  # fixed as a refusal naming the .csv to use
     h = fl.simulate("fedavg", FederatedDataset.from_clients(pairs(0)), "logreg", **dict(KW, rounds=2))
-    path = h.save(tmp_path / "run.json")
-    assert len(fl.History.load(path)) == 2
+    with pytest.raises(ValueError, match=r"run\.csv"):
+        h.save(tmp_path / "run.json")
+    assert not (tmp_path / "run.json").exists()
+    assert len(fl.History.load(h.save(tmp_path / "run.csv"))) == 2
 
 
 def test_checkpoint_at_a_dangling_link_is_not_written_through(tmp_path):  # held
@@ -225,9 +221,6 @@ def test_store_with_the_stored_folder_a_link_does_not_delete_through_it(tmp_path
     assert (elsewhere / "keep.txt").read_text() == "precious"
 
 
-@F_(4, "store swaps the figures folder and the JSON with two renames and cleans up only during the copy: an "
-       "interruption between them (Ctrl-C after folder.rename) leaves the new figures beside the old JSON, and "
-       ".tiny.*.old / .tiny.json.new behind in papers/paper_scale")
 def test_store_interrupted_during_the_swap_leaves_figures_and_json_together(tmp_path, monkeypatch):
     module = script(REPO / "scripts" / "paper_scale.py")
     root, results, result = _stored_once(tmp_path, module)
@@ -251,8 +244,6 @@ def test_store_interrupted_during_the_swap_leaves_figures_and_json_together(tmp_
     assert sorted(p.name for p in (root / "papers" / "paper_scale").iterdir()) == ["tiny", "tiny.json"]
 
 
-@F_(5, "store of a run whose figure_data is named '<paper>.json' (results/tiny.json): the copy is overwritten by "
-       "the stored JSON and then moved out, so the stored record lists 'tiny/tiny.json', a file that is not there")
 def test_store_keeps_every_file_its_record_lists(tmp_path):
     module = script(REPO / "scripts" / "paper_scale.py")
     try:
@@ -395,8 +386,6 @@ def _nonfinite_fed(bad=(2,), n=4):
     return FederatedDataset.from_clients(clients)
 
 
-@F_(6, "secure aggregation with on_nonfinite='drop' and every update of a round non-finite: np.stack of no rows "
-       "raises a bare 'ValueError: need at least one array to stack' (on_abort='skip' too, which should keep θ)")
 @pytest.mark.parametrize("on_abort", ["raise", "skip"])
 def test_secagg_drop_with_every_client_non_finite_is_an_abort_or_a_kept_theta(on_abort):
     from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort, with_secure_aggregation
@@ -680,8 +669,6 @@ def test_flower_dp_round_where_every_reply_is_dropped_is_noised(fed10):  # held
 
 
 # ================================================================================ batch 2: folders and paths
-@F_(7, "write_course with a link at results/course (its default out=): the student and instructor folders and "
-       "every notebook are written into the link's target; make_folder refuses a link only at the last component")
 def test_write_course_with_results_course_a_link_does_not_write_through(tmp_path, monkeypatch):
     import fedlab_nb.repro.course as course
     monkeypatch.setattr(course, "build_syllabus", lambda root: "the syllabus\n")
@@ -812,16 +799,12 @@ def test_epsilon_for_very_many_steps_is_quick_and_finite_or_refused(steps):  # h
 
 
 # ============================================================================ batch 4: from_clients, relative reproduce
-@F_(8, "from_clients with complex class ids (np.arange(n).astype(complex)) fails with torch's bare "
-       "NotImplementedError '\"max_all\" not implemented for ComplexDouble', not a ValueError naming y")
 def test_from_clients_complex_labels_are_a_named_error():
     x = np.zeros((10, 5), np.float32)
     with pytest.raises(ValueError, match=r"\by\b"):
         FederatedDataset.from_clients([(x, (np.arange(10) % 3).astype(complex))] * 2)
 
 
-@F_(9, "from_clients with a negative class id (int8 -128) advises 'set num_classes to at least 3' when "
-       "num_classes is already 3: raising num_classes can never admit a negative label")
 def test_from_clients_negative_labels_get_advice_that_can_work():
     x = np.zeros((10, 5), np.float32)
     y = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, -128], dtype=np.int8)
@@ -844,8 +827,6 @@ def test_reproduce_from_a_sub_folder_with_relative_root_and_results_env(tmp_path
 
 
 # ================================================================================ batch 5: store leftovers, adaptive DP
-@F_(10, "store with a leftover `.tiny.json.new` folder in papers/paper_scale: _swap_in's rename raises a bare "
-        "IsADirectoryError (a traceback) and leaves its temporary `.tiny.*` folder behind")
 def test_store_with_a_leftover_new_json_folder_is_one_line_and_leaves_nothing(tmp_path):
     """A `.tiny.json.new` left in papers/paper_scale (an interrupted swap, see finding 4) as a folder: the next
     store should refuse in one line and leave no temporary folder."""
@@ -910,8 +891,6 @@ def test_secagg_server_messages_cut_short_abort_in_the_client(stage):  # held
         _secagg_round(tamper_server=lambda at, m: m[:-1] if at == stage else m)
 
 
-@F_(11, "a roster in which client 1's mask key differs for client 0 (a bit flipped in transit or by a faulty "
-        "server) runs to the end: the pairwise masks do not cancel and unmask returns a wrong sum, no abort")
 def test_secagg_a_roster_that_differs_between_clients_is_not_a_silent_wrong_sum():
     from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort
 
@@ -929,9 +908,6 @@ def test_secagg_a_roster_that_differs_between_clients_is_not_a_silent_wrong_sum(
 
 
 # ================================================================================ batch 6: the loss check's reach
-@F_(12, "the loss check compares 'mean' with the mean of 'none' on the first 2 test rows only: "
-        "cross_entropy(ignore_index=0) is refused when those rows hold a 0 and accepted otherwise, and then trains "
-        "on the engine's mean over all rows (ignored rows count as 0), not the loss's mean over the kept rows")
 def test_an_ignore_index_loss_is_judged_the_same_whatever_the_first_test_rows_hold():
     def ignoring(outputs, y, reduction="mean"):
         return F.cross_entropy(outputs, y, ignore_index=0, reduction=reduction)

@@ -69,6 +69,9 @@ class History(pd.DataFrame):
     def save(self, path: str | Path) -> Path:
         """CSV of the rows plus a `.json` beside it holding `meta`."""
         path = Path(path)
+        if path.suffix.lower() == ".json":  # the metadata goes to path.with_suffix(".json"): it would overwrite the rows
+            raise ValueError(f"History.save({str(path)!r}): the rows are a CSV and the metadata goes beside them as "
+                             f"{path.stem}.json; save to {path.with_suffix('.csv').name!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = json.dumps(getattr(self, "meta", {}), indent=1, default=str)
         for target in (path, path.with_suffix(".json")):  # refuse a link at either before writing anything

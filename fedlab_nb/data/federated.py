@@ -27,9 +27,10 @@ def _check_dataset(dataset: Dataset, parts: Partition) -> None:
         bad = (y < 0) | (y >= k)
         if bad.any():
             rows = bad.nonzero().flatten()
+            fix = (f"remap the labels to 0 … {k - 1} (class ids are never negative)" if int(y.min()) < 0 else
+                   f"set num_classes to at least {int(y.max()) + 1} or remap the labels to 0 … {k - 1}")
             raise ValueError(f"{dataset.name}: y_{split} has labels outside [0, num_classes={k}) in {len(rows)} rows "
-                             f"(first: row {int(rows[0])}, label {int(y[rows[0]])}); set num_classes to at least "
-                             f"{int(y.max()) + 1} or remap the labels to 0 … {k - 1}")
+                             f"(first: row {int(rows[0])}, label {int(y[rows[0]])}); {fix}")
         nonfinite = ~torch.isfinite(x).reshape(len(x), -1).all(dim=1) if len(x) else torch.zeros(0, dtype=torch.bool)
         if nonfinite.any():
             rows = nonfinite.nonzero().flatten()
@@ -62,6 +63,9 @@ def _integer(dtype: torch.dtype) -> bool:
 
 def _class_ids(y: torch.Tensor, what: str) -> torch.Tensor:
     """Integer labels of any width (np.int32, uint8 ...) as the int64 class ids the losses take; others as given."""
+    if y.dtype.is_complex or y.dtype == torch.bool:
+        raise ValueError(f"{what} has dtype {y.dtype}: y must be integer class ids (bool labels: y.astype(int)) or "
+                         "float regression targets")
     if y.dtype == torch.uint64 and len(y) and int(y.numpy().max()) > torch.iinfo(torch.int64).max:
         raise ValueError(f"{what} holds class id {int(y.numpy().max()):,} (uint64, beyond int64): class ids must be "
                          "0 … K-1; remap the labels (np.unique(y, return_inverse=True)[1])")

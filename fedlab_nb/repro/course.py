@@ -593,6 +593,16 @@ def _paper_section(paper, nb) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- writing it all
+def _folders(base: Path, *parts: str) -> Path:
+    """base/part1/part2/... made one level at a time, each refused when it is a link (make_folder checks only
+    the last component, so a link at results/course would otherwise be written through)."""
+    from .files import make_folder
+    path = make_folder(base)
+    for part in parts:
+        path = make_folder(path / part)
+    return path
+
+
 def _notebook_text(nb) -> str:
     """The text nbformat.write puts in a file (it ends with a newline)."""
     import nbformat
@@ -608,7 +618,7 @@ def write_course(root=None, out=None, syllabus=None) -> dict:
     read. Returns {'syllabus': path, 'student': [...], 'instructor': [...], 'autograder': [...]}."""
     import nbformat
     from .claims import default_root
-    from .files import make_folder, write_atomic
+    from .files import write_atomic
     root = Path(root or default_root())
     out = Path(out) if out else root / "results" / "course"
     syllabus = Path(syllabus) if syllabus else root / "docs" / "syllabus.md"
@@ -616,14 +626,14 @@ def write_course(root=None, out=None, syllabus=None) -> dict:
     write_atomic(syllabus, build_syllabus(root))  # never through a link (write_atomic refuses one)
     written = {"syllabus": syllabus, "student": [], "instructor": [], "autograder": []}
     for kind in ("student", "instructor"):
-        make_folder(out / kind)
+        _folders(out, kind)
     for path in sorted((root / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         exercise_cells(nb, str(path))             # an answer cell without its check cell is an error here
         written["student"].append(write_atomic(out / "student" / path.name, _notebook_text(student_notebook(nb))))
         written["instructor"].append(write_atomic(out / "instructor" / path.name, path.read_bytes()))
         if any(is_solution(c) for c in nb.cells):
-            target = make_folder(out / "autograder" / "source" / path.stem) / path.name
+            target = _folders(out, "autograder", "source", path.stem) / path.name
             written["autograder"].append(write_atomic(target, _notebook_text(autograder_notebook(nb))))
     return written
 

@@ -196,8 +196,8 @@ def dp_noise_scale(k: int, epsilon: float, clip: float) -> float:
     """Laplace scale for ε-label-DP bag means of responses clipped to [−clip, clip]: sensitivity 2·clip/k."""
     if not epsilon > 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon!r}")
-    if not clip > 0:
-        raise ValueError(f"clip (the response bound B) must be > 0, got {clip!r}")
+    if not 0 < clip < np.inf:  # clip = inf: an infinite sensitivity, every release ±inf
+        raise ValueError(f"clip (the response bound B) must be a finite number > 0, got {clip!r}")
     _check_bag_size(k, k)
     return 2.0 * clip / (k * epsilon)
 
@@ -215,6 +215,9 @@ def dp_bag_responses(y: np.ndarray, bags: np.ndarray, epsilon: float, clip: floa
     [m] (or [draws, m] independent releases)."""
     bags = _check_bags(bags, len(y))
     scale = dp_noise_scale(bags.shape[1], epsilon, clip)
+    if np.isnan(y).any():  # np.clip keeps NaN: the release would show which bag holds it
+        raise ValueError(f"y holds {int(np.isnan(y).sum())} NaN response(s); drop or impute those rows before the "
+                         "release (±inf are clipped to ±clip, NaN cannot be)")
     means = np.clip(y, -clip, clip)[bags].mean(1)
     shape = means.shape if draws is None else (draws, len(means))
     return means + rng.laplace(0.0, scale, size=shape)

@@ -12,7 +12,9 @@ learns only Σ_{u ∈ U3} x_u mod R (R = 2^k), even when clients drop out:
     3 Unmasking       u → S: b-shares of the survivors U3 and s^SK-shares of the dropped U2 \\ U3; S rebuilds
                       b_v (v ∈ U3) and s_v^SK (v dropped), recomputes and removes those masks from Σ y_u
 
-The active-adversary variant's signatures and ConsistencyCheck round are not implemented. Every message is
+The active-adversary variant's signatures and ConsistencyCheck round are not implemented; each share ciphertext is
+bound to the roster its sender saw (AES-GCM associated data: an addition to Figure 4), so clients sent different
+rosters abort at Unmasking instead of producing a wrong sum. Every message is
 real bytes (its `len` is the measured wire cost); clients hold every secret, `SecAggServer` holds public keys,
 the ciphertexts it forwards, the masked inputs and the final sum (reconstructed seeds and keys live only
 inside `SecAggServer.unmask`). Libraries: `cryptography` (X25519, HKDF-SHA256, AES-GCM, AES-CTR) and
@@ -258,6 +260,8 @@ class SecAggClient:
         if len({k for pair in self._keys.values() for k in pair}) != 2 * len(users):
             raise SecAggAbort(f"client {self.uid}: two users advertised the same public key")
         self._index = {v: i + 1 for i, v in enumerate(users)}         # Shamir index of each holder
+        roster_seen = b"".join(_ID.pack(v) + c + s for v, (c, s) in sorted(self._keys.items()))
+        self._roster_id = hashlib.sha256(roster_seen).digest()  # bound into every share ciphertext (see _open)
         self._b = self._bytes(SEED_BYTES)
         s_sk = self._s_sk.private_bytes_raw()
         s_shares, b_shares = split_secret(s_sk, t, len(users)), split_secret(self._b, t, len(users))
@@ -269,7 +273,7 @@ class SecAggClient:
             i, key = self._index[v] - 1, self._agree(self._c_sk, v, 0, b"secagg share " + _pair(self.uid, v))
             nonce = self._bytes(NONCE_BYTES)
             plain = _pair(self.uid, v) + s_shares[i] + b_shares[i]
-            out.append(_ID.pack(v) + nonce + AESGCM(key).encrypt(nonce, plain, _pair(self.uid, v)))
+            out.append(_ID.pack(v) + nonce + AESGCM(key).encrypt(nonce, plain, _pair(self.uid, v) + self._roster_id))
         return b"".join(out)
 
     def masked_input(self, inbox: bytes) -> bytes:
@@ -311,9 +315,10 @@ class SecAggClient:
         blob = self._inbox[v]
         key = self._agree(self._c_sk, v, 0, b"secagg share " + _pair(v, self.uid))
         try:
-            plain = AESGCM(key).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], _pair(v, self.uid))
+            plain = AESGCM(key).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], _pair(v, self.uid) + self._roster_id)
         except InvalidTag:
-            raise SecAggAbort(f"client {self.uid}: the shares from {v} failed authentication") from None
+            raise SecAggAbort(f"client {self.uid}: the shares from {v} failed authentication (altered, or {v} was "
+                              "sent another roster than this client)") from None
         if plain[:8] != _pair(v, self.uid):
             raise SecAggAbort(f"client {self.uid}: shares from {v} are addressed to someone else")
         return plain[8:8 + KEY_BYTES], plain[8 + KEY_BYTES:]
@@ -684,6 +689,14 @@ class SecureAggregation(Transform):
         if self.client_sizes is not None:
             self.client_sizes = tuple(_client_size(k, n) for k, n in enumerate(self.client_sizes))
 
+    def _nothing_learned(self, msgs):
+        """The round's messages when no sum is released (an aborted protocol, every update dropped): zeros in
+        the masked layout (the update and its weight), no secure sum, so θ stays where it is."""
+        m, d = len(msgs.client_ids), math.prod(msgs[self.key].shape[1:])
+        msgs.tensors[self.key] = torch.zeros((m, d + 1), dtype=torch.int64)
+        msgs.meta["secagg"] = None
+        return msgs
+
     def _finite_clients(self, msgs, ctx):
         """The messages of the clients whose update is finite. Quantisation would turn NaN into 0 and clip inf, so
         a non-finite update is an error, or with on_nonfinite='drop' that client leaves the round before the
@@ -703,7 +716,14 @@ class SecureAggregation(Transform):
         return max(2, int(t))
 
     def __call__(self, msgs, cstate, ctx):
-        msgs = self._finite_clients(msgs, ctx)
+        finite = self._finite_clients(msgs, ctx)
+        if len(finite.client_ids) == 0:  # every update non-finite and dropped: too few clients, as an abort
+            if self.on_abort == "raise":
+                raise SecAggAbort("secure aggregation: every client's update this round was non-finite and dropped "
+                                  "(on_nonfinite='drop'), fewer than the threshold; the protocol aborts (pass "
+                                  "on_abort='skip' to leave θ where it is)")
+            return self._nothing_learned(msgs), {}
+        msgs = finite
         ids = [int(k) for k in msgs.client_ids]
         deltas = msgs[self.key].detach().cpu().numpy()
         if self.client_sizes is not None and max(ids, default=-1) >= len(self.client_sizes):
@@ -727,9 +747,7 @@ class SecureAggregation(Transform):
         except SecAggAbort:
             if self.on_abort == "raise":
                 raise
-            msgs.tensors[self.key] = torch.zeros(x.shape, dtype=torch.int64)  # the server learned nothing
-            msgs.meta["secagg"] = None
-            return msgs, {}
+            return self._nothing_learned(msgs), {}
         self.last = res
         keep = torch.tensor([k in res.included for k in ids])
         out = msgs.select(keep)
