@@ -26,7 +26,8 @@ from ..data.federated import FederatedDataset
 from ..models import flatten_buffers, flatten_params, load_buffers, make_model, param_spec
 from ..utils import check_loss, check_positive_int, check_seed, rng
 from . import batched
-from .checkpoint import CheckpointError, checkpoint_path, data_fingerprint, fingerprint, load_checkpoint, save_checkpoint
+from .checkpoint import (CheckpointError, checkpoint_path, data_fingerprint, fingerprint, load_checkpoint,
+                         save_checkpoint)
 from .client import LocalJob, batch_schedule, make_loss, train_clients_loop
 from .evaluate import Evaluator, evaluate  # noqa: F401  (evaluate: public name of the engine)
 from .history import History
@@ -368,7 +369,8 @@ def server_update(method: Method, state: dict, theta: torch.Tensor, info: RoundI
     theta, state = checked_step(method, state, theta, agg, info, on_nonfinite)
     sizes = info.sizes
     if on_nonfinite == "drop":  # a client an uplink transform left out for a non-finite update (secure aggregation)
-        gone = ~torch.isfinite(losses) & torch.as_tensor(~np.isin(info.client_ids, msgs.client_ids), device=losses.device)
+        left_out = torch.as_tensor(~np.isin(info.client_ids, msgs.client_ids), device=losses.device)
+        gone = ~torch.isfinite(losses) & left_out
         sizes, losses = sizes[~gone], losses[~gone]
     return theta, state, float((sizes @ losses) / sizes.sum())
 
@@ -493,8 +495,8 @@ def _check_reductions(criterion, out: torch.Tensor, y: torch.Tensor) -> None:
         raise ValueError(f"loss's 'mean' ({mean.item():.4g}) is not the mean of its 'none' values "
                          f"({rows.double().mean().item():.4g}), as with cross_entropy(weight=w), whose 'mean' divides "
                          "by the weights' sum: the engine averages the per-row values itself (vmap trains on 'none'), "
-                         "so training would not follow the weighting it states; give a loss whose 'mean' is the mean of its "
-                         "rows (compute the 'none' values, return them, their .sum() or their .mean())")
+                         "so training would not follow the weighting it states; give a loss whose 'mean' is the mean "
+                         "of its rows (compute the 'none' values, return them, their .sum() or their .mean())")
     if not (shaped and close(total, rows.sum()) and close(mean, rows.mean())):
         raise ValueError(f"loss does not honour reduction=: on {len(out)} rows it gave shapes {tuple(rows.shape)} "
                          f"('none'), {tuple(total.shape)} ('sum'), {tuple(mean.shape)} ('mean'); return the per-row "
