@@ -1,0 +1,266 @@
+"""Probe 42l: a twelfth, independent re-run of issue 42's failure classes, aimed first at what is new since the
+eleventh (label-DP bag responses' checks, History.save's .json refusal, paper_scale.py store's temporary JSON and
+roll-back, secure aggregation with every update dropped, share ciphertexts bound to the roster, write_course's
+folders, from_clients' label messages), with variants test_probe42*.py do not try. Each test asserts the correct
+behaviour; a test marked xfail(strict=True) is an open finding (its reason says what is wrong), so the suite stays
+green until it is fixed."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import fedlab_nb as fl
+from fedlab_nb.data.federated import FederatedDataset
+from probes import KW as RUN  # noqa: F401
+from probes import REPO, cli, fed10, one_line_error, root_copy, script, trace  # noqa: F401 (fed10: a fixture)
+from probes import numbered_finding as F_  # noqa: F401 (a new finding is marked with it)
+
+CONTROL = ("\x1b", "\x07", "\u202e", "\u2066", "\x9b", "\r", "\u2028", "\u200f", "\x85", "\u061c", "\ufeff")
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+RESULT = {"paper": "tiny", "scale": "smoke", "verdict": "reproduced", "metrics": {"value": 1.0},
+          "claims": [{"id": "value_positive", "verdict": "reproduced", "expect": "> 0", "role": "headline"}]}
+
+
+def pairs(seed=0, n=3, rows=20):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(rows, 5)).astype(np.float32), rng.integers(0, 3, rows)) for _ in range(n)]
+
+
+def _no_traceback(rc, err):
+    assert rc in (0, 1) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+
+
+def _clean(text):
+    return not any(c in text for c in CONTROL)
+
+
+def _results(tmp_path, **files):
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    results.mkdir()
+    for name, text in files.items():
+        (results / name).write_text(text, encoding="utf-8")
+    return root, results
+
+
+# ================================================================================ (1) DP and label DP
+@F_(1, "dp_bag_responses(epsilon=inf) releases the bag means with no noise (Laplace scale 0), no error")
+def test_label_dp_bag_responses_refuse_an_infinite_epsilon():
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="epsilon"):  # ε = inf: a Laplace scale of 0, the bag means released bare
+        A.dp_bag_responses(rng.normal(size=20), A.random_bags(20, 4, rng), float("inf"), 1.0, rng)
+
+
+@F_(2, "dp_bag_responses with an object y holding None raises numpy's bare TypeError from np.isnan")
+def test_label_dp_bag_responses_with_missing_values_as_none_is_a_named_error():
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    y = np.array([1.0, None] * 10, dtype=object)
+    with pytest.raises(ValueError, match="y"):
+        A.dp_bag_responses(y, A.random_bags(20, 4, rng), 1.0, 1.0, rng)
+
+
+def test_label_dp_bag_responses_with_integer_responses_are_released(tmp_path):  # held
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    out = A.dp_bag_responses(np.arange(20), A.random_bags(20, 4, rng), 1.0, 3.0, rng)
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("kw", [dict(noise_multiplier=1e300, clip_norm=1.0),
+                                dict(noise_multiplier=1.0, clip_norm=1e-320)], ids=["huge noise", "subnormal clip"])
+def test_dp_extreme_but_finite_settings_are_refused_or_keep_theta_finite(fed10, kw):
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    try:
+        method, sampler = dp_fedavg_with_sampler(fed10, sampling_rate=0.3, **kw)
+        h, seen = trace(method, fed10, sampler, 2)
+    except ValueError:
+        return  # refused with a named error: fine
+    assert all(torch.isfinite(t).all() for t in seen) and np.isfinite(h["epsilon"]).all()
+
+
+# ================================================================================ (2) relative paths
+def test_report_with_a_relative_results_env_with_dot_dot_from_a_sub_folder(tmp_path, monkeypatch):  # held
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    monkeypatch.setenv("FEDLAB_NB_RESULTS", "../sub/../results")
+    rc, out, err = cli(["--root", "../root", "report"])
+    assert rc == 0 and (results / "REPORT.md").is_file(), (rc, err)
+
+
+def test_an_empty_results_env_means_the_default(tmp_path, monkeypatch):  # held
+    root = root_copy(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDLAB_NB_RESULTS", "")
+    rc, out, err = cli(["--root", "root", "report"])
+    assert rc == 0 and (root / "results" / "REPORT.md").is_file() and not (tmp_path / "REPORT.md").exists()
+
+
+# ================================================================================ (3) links
+def test_staging_does_not_delete_through_a_leftover_running_link(tmp_path):  # held
+    from fedlab_nb.repro.files import staging
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("x")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / ".tiny-smoke.abc.running").symlink_to(victim)
+    with staging(results, "tiny-smoke"):
+        pass
+    assert (victim / "keep.txt").read_text() == "x"
+
+
+def test_publish_refuses_a_notebook_link_before_moving_anything(tmp_path):  # held
+    from fedlab_nb.repro.files import UnsafePathError, publish
+    tmp, out = tmp_path / "tmp", tmp_path / "out"
+    tmp.mkdir(), out.mkdir()
+    (tmp / "tiny-smoke").mkdir()
+    (tmp / "tiny-smoke.ipynb").write_text("new")
+    (tmp / "tiny-smoke.json").write_text("new")
+    (tmp_path / "victim.ipynb").write_text("old")
+    (out / "tiny-smoke.ipynb").symlink_to(tmp_path / "victim.ipynb")
+    with pytest.raises(UnsafePathError):
+        publish(tmp, out, ["tiny-smoke", "tiny-smoke.ipynb", "tiny-smoke.json"])
+    assert (tmp_path / "victim.ipynb").read_text() == "old" and not (out / "tiny-smoke").exists()
+
+
+def test_a_notebook_link_inside_notebooks_pointing_outside_the_root_is_not_used(tmp_path):
+    root = root_copy(tmp_path, lambda t: t.replace("notebook: notebooks/tiny.ipynb", "notebook: notebooks/evil.ipynb"))
+    outside = tmp_path / "outside.ipynb"
+    outside.write_bytes((root / "notebooks" / "tiny.ipynb").read_bytes())
+    (root / "notebooks" / "evil.ipynb").symlink_to(outside)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "params", "tiny"])
+    assert rc in (1, 2) and "Traceback" not in err, (rc, out[-300:], err[-300:])
+
+
+# ================================================================================ (4) paths confined
+def test_report_does_not_link_a_figure_whose_name_url_decodes_outside(tmp_path):
+    result = {**RESULT, "figures": ["tiny-smoke/%2e%2e/%2e%2e/secret.png", "tiny-smoke/..%2f..%2fsecret.png"]}
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(result)})
+    (results / "tiny-smoke").mkdir()
+    cli(["--root", root, "--results", results, "report"])
+    for name in ("REPORT.md", "index.html"):
+        assert "secret.png" not in (results / name).read_text(), name
+
+
+# ================================================================================ (5) control characters
+@F_(3, "list prints a result file's name raw in its stale warning: escape sequences in a file name reach the terminal")
+def test_list_strips_control_characters_from_a_result_file_name(tmp_path):
+    root, results = _results(tmp_path, **{"tiny-sm\x1b]0;pwned\x07oke.json": "{}"})
+    rc, out, err = cli(["--root", root, "--results", results, "list"])
+    assert "Traceback" not in err and _clean(out + err), repr(out + err)[-400:]
+
+
+def test_report_board_strips_control_characters_from_a_result_file_name(tmp_path):
+    root, results = _results(tmp_path, **{"tiny-sm\x1b]0;pwned\x07oke.json": json.dumps(RESULT)})
+    cli(["--root", root, "--results", results, "report"])
+    for name in ("REPORT.md", "index.html"):
+        assert _clean((results / name).read_text()), name
+
+
+def test_history_strips_control_characters_from_csv_column_names(tmp_path):
+    (tmp_path / "h.csv").write_text("round,acc\x1b[2J\u202e,bytes_up\n0,0.5,10\n1,0.6,20\n")
+    rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
+    assert "Traceback" not in err and _clean(out + err), repr(out + err)[-400:]
+
+
+# ================================================================================ (new code) History.save
+@F_(4, "History.save('run_lr0.1') and ('run_lr0.05') share the sidecar run_lr0.json: the first run loads the "
+       "second's metadata")
+def test_history_saves_to_dotted_names_without_a_suffix_keep_their_own_metadata(tmp_path):
+    fed = fl.federate("digits", "iid", n_clients=3, seed=0)
+    a = fl.simulate("fedavg", fed, "logreg", rounds=1, lr=0.1, progress=False)
+    b = fl.simulate("fedprox", fed, "logreg", rounds=1, lr=0.05, progress=False)
+    a.save(tmp_path / "run_lr0.1")  # both sidecars are run_lr0.json: the second save replaces the first's metadata
+    try:
+        b.save(tmp_path / "run_lr0.05")
+    except ValueError:
+        return  # refused, naming the clash: fine
+    assert fl.History.load(tmp_path / "run_lr0.1").meta.get("method") == a.meta.get("method")
+
+
+@pytest.mark.parametrize("name", ["b.JSON", "c.jSoN", "d.csv.json"])
+def test_history_save_refuses_json_names_of_any_case(tmp_path, name):  # held
+    h = fl.simulate("fedavg", fl.federate("digits", "iid", n_clients=3, seed=0), "logreg", rounds=1, progress=False)
+    with pytest.raises(ValueError, match="csv"):
+        h.save(tmp_path / name)
+    assert not list(tmp_path.iterdir())
+
+
+# ================================================================================ (6) Flower and from_clients
+@pytest.mark.parametrize("value", [True, 1.0, "0b1", "-0", "+1", "1_0", "\u0661", 2 ** 70, np.bool_(True)])
+def test_flower_partition_id_variants_are_refused(value):  # held
+    from types import SimpleNamespace
+
+    from fedlab_nb.flower import _client_id
+    with pytest.raises(ValueError, match="partition-id"):
+        _client_id(SimpleNamespace(node_config={"partition-id": value}), 3)
+
+
+@pytest.mark.parametrize("labels", ["strings", "object ints", "object strings"])
+def test_from_clients_non_numeric_labels_are_a_named_error(labels):  # held
+    y = {"strings": np.array(["a", "b"] * 10), "object ints": np.array([0, 1] * 10, dtype=object),
+         "object strings": np.array(["0", "1"] * 10, dtype=object)}[labels]
+    x = np.zeros((20, 5), np.float32)
+    with pytest.raises(ValueError, match="y"):
+        FederatedDataset.from_clients([(x, y), (x, y)])
+
+
+# ================================================================================ (6) secure aggregation
+@pytest.mark.parametrize("on_abort", ["raise", "skip"])
+def test_secagg_drop_leaving_one_finite_client_is_an_abort_or_a_kept_theta(on_abort):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort, with_secure_aggregation
+    clients = pairs(0, 4)
+    for k in (0, 1, 2):
+        clients[k] = (clients[k][0] * np.float32(1e30), clients[k][1])
+    fed = FederatedDataset.from_clients(clients)
+    method = with_secure_aggregation(fl.get_method("fedavg"), client_sizes=fed.sizes, on_abort=on_abort)
+    run = dict(rounds=2, local_epochs=1, batch_size=8, lr=0.1, progress=False, seed=0, on_nonfinite="drop")
+    if on_abort == "skip":
+        assert torch.isfinite(fl.simulate(method, fed, "logreg", **run).theta).all()
+    else:
+        with pytest.raises(SecAggAbort, match="threshold"):
+            fl.simulate(method, fed, "logreg", **run)
+
+
+@pytest.mark.parametrize("sizes", [(float("nan"), 20, 20, 20), (True, 20, 20, 20), (-1, 20, 20, 20), (20, 20, 20)],
+                         ids=["nan", "bool", "negative", "one short"])
+def test_secagg_client_sizes_variants_are_named_errors(sizes):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import with_secure_aggregation
+    fed = FederatedDataset.from_clients(pairs(0, 4))
+    with pytest.raises(ValueError, match="client_sizes"):
+        method = with_secure_aggregation(fl.get_method("fedavg"), client_sizes=sizes)
+        fl.simulate(method, fed, "logreg", rounds=1, progress=False, seed=0)
+
+
+# ================================================================================ (8) corrupt result files
+ODD = {"nan and inf metrics": {**RESULT, "metrics": {"value": float("nan"), "double": float("inf")}},
+       "a million-character verdict": {**RESULT, "verdict": "x" * 10 ** 6},
+       "a claim id that is a mapping": {**RESULT, "claims": [{**RESULT["claims"][0], "id": {"a": 1}}]},
+       "a claim verdict that is a list": {**RESULT, "claims": [{**RESULT["claims"][0], "verdict": ["a"]}]},
+       "figures a mapping": {**RESULT, "figures": {"a": 1}},
+       "figures of odd types": {**RESULT, "figures": [1, None, ["x"]]},
+       "another scale inside": {**RESULT, "scale": "paper"},
+       "control characters in unused fields": {**RESULT, "started": "\x1b[2J", "wall_seconds": -1e308}}
+
+
+@pytest.mark.parametrize("case", list(ODD))
+def test_list_and_report_survive_more_odd_result_fields(tmp_path, case):  # held
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(ODD[case])})
+    for cmd in (["list"], ["report"]):
+        rc, out, err = cli(["--root", root, "--results", results, *cmd])
+        _no_traceback(rc, err)
+        assert _clean(out + err), (cmd, repr(out + err)[-300:])
+
+
+@pytest.mark.parametrize("text", ['{"paper":"tiny","paper":"x","scale":"smoke","verdict":"reproduced","claims":[]}',
+                                  '{"paper":"tiny","scale":"smoke","verdict":"reproduced","metrics":{"value":1e400},'
+                                  '"claims":[]}'], ids=["duplicate keys", "a float beyond double"])
+def test_list_and_report_survive_json_edge_cases(tmp_path, text):  # held
+    root, results = _results(tmp_path, **{"tiny-smoke.json": text})
+    for cmd in (["list"], ["report"]):
+        rc, out, err = cli(["--root", root, "--results", results, *cmd])
+        _no_traceback(rc, err)
