@@ -264,3 +264,151 @@ def test_list_and_report_survive_json_edge_cases(tmp_path, text):  # held
     for cmd in (["list"], ["report"]):
         rc, out, err = cli(["--root", root, "--results", results, *cmd])
         _no_traceback(rc, err)
+
+
+# ================================================================================ (new code) paper_scale.py store
+def _to_store(tmp_path, **over):
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    (results / "tiny-paper").mkdir(parents=True)
+    (results / "tiny-paper" / "main.png").write_bytes(PNG + b"old")
+    result = {**RESULT, "scale": "paper", "error": None, "figures": ["tiny-paper/main.png"], "figure_data": [], **over}
+    (results / "tiny-paper.json").write_text(json.dumps(result))
+    return root, results
+
+
+@F_(5, "store with papers/paper_scale/tiny.json a folder raises a bare IsADirectoryError from os.replace in _swap_in")
+def test_store_with_the_stored_json_a_folder_is_one_line(tmp_path):
+    module = script(REPO / "scripts" / "paper_scale.py")
+    root, results = _to_store(tmp_path)
+    (root / "papers" / "paper_scale" / "tiny.json").mkdir(parents=True)
+    (root / "papers" / "paper_scale" / "tiny.json" / "keep").write_text("x")
+    with pytest.raises(SystemExit):
+        module.store("tiny", results, root)
+    assert sorted(p.name for p in (root / "papers" / "paper_scale").iterdir()) == ["tiny.json"]
+
+
+@F_(6, "store with papers/paper_scale a file says 'give --results a folder': --results is not the store's folder")
+def test_store_with_the_store_folder_a_file_names_the_right_fix(tmp_path):
+    module = script(REPO / "scripts" / "paper_scale.py")
+    root, results = _to_store(tmp_path)
+    (root / "papers" / "paper_scale").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        module.store("tiny", results, root)
+    assert "--results" not in str(e.value.code), e.value.code
+
+
+@pytest.mark.parametrize("over", [dict(error="boom"), dict(error=["x"]), dict(error={"ename": "\x1b[2Jx"}),
+                                  dict(figures=[1]), dict(figures=[None]), dict(figures=["."]), dict(figures=[""]),
+                                  dict(figure_data=["tiny-paper/main.png"]), dict(paper="ti\x1bny"), dict(scale=3)],
+                         ids=["error a string", "error a list", "error with escapes", "figure an int", "figure null",
+                              "figure '.'", "figure ''", "figure twice", "paper with escapes", "scale an int"])
+def test_store_refuses_odd_result_fields_in_one_clean_line(tmp_path, over):  # held
+    module = script(REPO / "scripts" / "paper_scale.py")
+    root, results = _to_store(tmp_path, **over)
+    with pytest.raises(SystemExit) as e:
+        module.store("tiny", results, root)
+    assert isinstance(e.value.code, str) and _clean(e.value.code) and "\n" not in e.value.code
+    assert not (root / "papers" / "paper_scale" / "tiny.json").exists()
+
+
+# ================================================================================ (new code) the loss check's reach
+@F_(7, "the loss check still reads only the first 64 test rows: a test set sorted by label with the ignored class "
+       "last lets cross_entropy(ignore_index=0) train, sorted the other way it is refused")
+def test_an_ignore_index_loss_is_judged_the_same_whatever_order_the_test_set_has():
+    import torch.nn.functional as F
+
+    def ignoring(outputs, y, reduction="mean"):
+        return F.cross_entropy(outputs, y, ignore_index=0, reduction=reduction)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(200, 5)).astype(np.float32), np.sort(rng.integers(0, 3, 200))
+    outcomes = []
+    for labels in (y, y[::-1].copy()):
+        fed = FederatedDataset.from_clients(pairs(0), test=(x, labels))
+        try:
+            fl.simulate("fedavg", fed, "logreg", loss=ignoring, rounds=1, batch_size=8, progress=False, seed=0)
+            outcomes.append("ran")
+        except ValueError:
+            outcomes.append("refused")
+    assert outcomes[0] == outcomes[1], outcomes
+
+
+# ================================================================================ (4) bombs in a claims file
+@F_(8, "an expectation '== \"abcdefgh\" * n' repeats the string by an integer metric n: 10^13 is a MemoryError "
+       "(10^10, e.g. a byte count, allocates 80 GB) instead of a refused or failed claim")
+def test_an_expectation_cannot_repeat_a_string_by_a_metric():
+    from fedlab_nb.repro.expect import ExpectationError, MetricError, parse_expectation
+    try:
+        expect = parse_expectation('== "abcdefgh" * n')
+    except ExpectationError:
+        return  # strings in arithmetic refused when the claims file is read: fine
+    with pytest.raises(MetricError):
+        expect.holds(1.0, {"n": 10 ** 13})
+
+
+# ================================================================================ (1) label DP: shapes and types
+@F_(9, "dp_bag_responses takes y of shape [n, d] and adds Laplace(2B/(k·eps)) per coordinate: the release is "
+       "(d·eps)-label-DP while eps is what the caller asked for")
+def test_label_dp_bag_responses_refuse_multi_column_responses():
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="y"):
+        A.dp_bag_responses(rng.normal(size=(20, 3)), A.random_bags(20, 4, rng), 1.0, 1.0, rng)
+
+
+@F_(10, "dp_bag_responses with bags of float dtype (every index once) raises a bare IndexError; draws=-1 numpy's "
+        "'negative dimensions are not allowed'")
+@pytest.mark.parametrize("case", ["float bags", "negative draws"])
+def test_label_dp_bag_responses_odd_bags_and_draws_are_named_errors(case):
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    bags = A.random_bags(20, 4, rng)
+    kw = dict(bags=bags.astype(float)) if case == "float bags" else dict(bags=bags, draws=-1)
+    with pytest.raises(ValueError, match="bags|draws"):
+        A.dp_bag_responses(rng.normal(size=20), epsilon=1.0, clip=1.0, rng=rng, **kw)
+
+
+@pytest.mark.parametrize("epsilon", [float("nan"), -1.0, 0.0])
+def test_label_dp_bag_responses_refuse_bad_epsilons(epsilon):  # held
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="epsilon"):
+        A.dp_bag_responses(rng.normal(size=20), A.random_bags(20, 4, rng), epsilon, 1.0, rng)
+
+
+# ================================================================================ (7) the lock
+def _hold_lock(lock, text):
+    import subprocess
+    import sys
+    lock.write_text(text)
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdout=subprocess.PIPE)
+    holder.stdout.readline()
+    return holder
+
+
+def test_a_locked_paper_with_escapes_in_the_lock_file_is_one_clean_line(tmp_path):  # held
+    root, results = _results(tmp_path)
+    holder = _hold_lock(results / "tiny.lock", json.dumps({"pid": 1, "host": "h\x1b]0;pwned\x07\u202e",
+                                                           "scale": "s\x1b[2J", "started": "\x9b31m"}))
+    try:
+        rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "-j", "1"])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rc == 1 and "another run" in out + err and _clean(out + err), (rc, repr(out + err))
+
+
+@F_(11, "run refused by another run's lock first prints 'running notebooks/tiny.ipynb into <results>/runs/...', a "
+        "folder it never makes")
+def test_run_refused_by_the_lock_does_not_announce_a_folder_it_never_makes(tmp_path):
+    root, results = _results(tmp_path)
+    holder = _hold_lock(results / "tiny.lock", "{}")
+    try:
+        rc, out, err = cli(["--root", root, "--results", results, "run", "tiny"])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rc == 1 and "another run" in err, (rc, out, err)
+    named = [w for w in (out + err).split() if "/runs/" in w]
+    assert all(os.path.exists(w) for w in named), named
