@@ -412,3 +412,76 @@ def test_run_refused_by_the_lock_does_not_announce_a_folder_it_never_makes(tmp_p
     assert rc == 1 and "another run" in err, (rc, out, err)
     named = [w for w in (out + err).split() if "/runs/" in w]
     assert all(os.path.exists(w) for w in named), named
+
+
+# ================================================================================ (1) DP with stragglers and backends
+@pytest.mark.parametrize("kw", [dict(stragglers=0.9, drop_stragglers=True), dict(stragglers=0.9), dict(eval_every=3)],
+                         ids=["stragglers dropped", "stragglers kept", "eval every 3"])
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_dp_rounds_stay_noised_with_stragglers_and_sparse_evaluation(fed10, kw, sampling):  # held
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.2,
+                                             sampling=sampling)
+    h, seen = trace(method, fed10, sampler, 6, **kw)
+    assert all(not torch.equal(a, b) for a, b in zip(seen[1:], seen[:-1])) and np.isfinite(h["epsilon"]).all()
+
+
+@pytest.mark.parametrize("change", [dict(sampling_rate=0.5), dict(clip_norm=5.0), dict(sampling="fixed"),
+                                    dict(delta=1e-3), dict(accountant="pld")])
+def test_dp_resume_with_other_privacy_settings_is_refused(fed10, tmp_path, change):  # held
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+
+    def stop(r, theta, row):
+        if r == 2:
+            raise KeyboardInterrupt
+    base = dict(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.3)
+    m1, s1 = dp_fedavg_with_sampler(fed10, **base)
+    with pytest.raises(KeyboardInterrupt):
+        fl.simulate(m1, fed10, rounds=4, clients_per_round=s1, seed=0, checkpoint=tmp_path / "c.pt", callback=stop,
+                    **RUN)
+    m2, s2 = dp_fedavg_with_sampler(fed10, **{**base, **change})
+    with pytest.raises(ValueError, match="checkpoint"):
+        fl.simulate(m2, fed10, rounds=4, clients_per_round=s2, seed=0, checkpoint=tmp_path / "c.pt", resume=True,
+                    **RUN)
+
+
+# ================================================================================ (4) claims-file tags
+@pytest.mark.parametrize("value", ["!!set {a, b}", "!!binary aGVsbG8=", "2001-12-14t21:59:43.10-05:00",
+                                   "!!python/object/apply:os.system ['echo PWNED']"],
+                         ids=["set", "binary", "timestamp", "python object"])
+def test_scale_parameters_of_odd_yaml_types_are_refused_before_a_kernel(tmp_path, value):  # held
+    root = root_copy(tmp_path, lambda t: t.replace("{n_points: 4}", "{n_points: %s}" % value))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "run", "tiny"])
+    assert rc in (1, 2) and "Traceback" not in err and "PWNED" not in out + err, (rc, out, err)
+    assert not (tmp_path / "res" / "tiny-smoke.ipynb").exists()
+
+
+# ================================================================================ (3)/(8) lab's notebooks
+@pytest.mark.parametrize("case", ["corrupt", "link outside", "non-UTF-8", "FIFO"])
+@pytest.mark.parametrize("student", [False, True], ids=["instructor", "student"])
+def test_lab_with_an_odd_notebook_is_one_line_and_copies_nothing_outside(tmp_path, case, student):  # held
+    root = root_copy(tmp_path)
+    nbs = root / "notebooks"
+    if case == "corrupt":
+        (nbs / "bad.ipynb").write_text('{"cells": [')
+    elif case == "link outside":
+        (tmp_path / "secret.txt").write_text('{"secret": 1}')
+        (nbs / "bad.ipynb").symlink_to(tmp_path / "secret.txt")
+    elif case == "non-UTF-8":
+        (nbs / "bad.ipynb").write_bytes(b'\xff\xfe{"cells"')
+    else:
+        os.mkfifo(nbs / "bad.ipynb")
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "lab", "--dry-run", *(["--student"] * student)])
+    assert "Traceback" not in err and "raised" not in str(rc), (rc, err)
+    if rc != 0:
+        one_line_error(rc, err)
+    copies = list((tmp_path / "res").rglob("bad.ipynb"))
+    assert all("secret" not in p.read_text(errors="replace") for p in copies if p.is_file())
+
+
+def test_lab_copies_a_notebook_named_with_escapes_and_prints_nothing_raw(tmp_path):  # held
+    root = root_copy(tmp_path)
+    (root / "notebooks" / "ev\x1b[2Jil.ipynb").write_bytes((root / "notebooks" / "tiny.ipynb").read_bytes())
+    for student in ([], ["--student"]):
+        rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "lab", "--dry-run", *student])
+        assert rc == 0 and _clean(out + err), repr(out + err)
