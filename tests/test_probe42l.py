@@ -485,3 +485,62 @@ def test_lab_copies_a_notebook_named_with_escapes_and_prints_nothing_raw(tmp_pat
     for student in ([], ["--student"]):
         rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "lab", "--dry-run", *student])
         assert rc == 0 and _clean(out + err), repr(out + err)
+
+
+# ================================================================================ (6) a roster the server edits
+@pytest.mark.parametrize("edit", ["one user left out", "records reversed", "a user renumbered", "a key repeated"])
+def test_secagg_a_roster_edited_for_one_client_aborts_or_sums_exactly(edit):  # held
+    from test_probe42k import _secagg_round
+
+    from fedlab_nb.methods.privacy.secure_aggregation import _ID, SecAggAbort
+    width = _ID.size + 64  # a roster record: the id and two 32-byte public keys
+
+    def change(at, m):
+        if at != "roster":
+            return m
+        recs = [m[i:i + width] for i in range(0, len(m), width)]
+        if edit == "one user left out":
+            recs = recs[:3]
+        elif edit == "records reversed":
+            recs = recs[::-1]
+        elif edit == "a user renumbered":
+            recs[3] = _ID.pack(7) + recs[3][_ID.size:]
+        else:
+            recs[3] = recs[3][:_ID.size] + recs[2][_ID.size:]
+        return b"".join(recs)
+    try:
+        x, total = _secagg_round(tamper_server=change)
+    except SecAggAbort:
+        return
+    assert np.array_equal(total, x.sum(0).astype(np.uint64))
+
+
+# ================================================================================ (8) history of odd numbers
+@F_(12, "history on a CSV whose bytes_up is inf, 1e400 or sums past 1.8e308 crashes with OverflowError (int(inf)) "
+        "instead of a one-line error")
+@pytest.mark.parametrize("rows", ["1,inf,5\n", "1,1e400,5\n", "1,1e308,1\n2,1e308,1\n"], ids=["inf", "1e400", "sum"])
+def test_history_with_infinite_byte_counts_is_one_line(tmp_path, rows):
+    (tmp_path / "h.csv").write_text("round,bytes_up,bytes_down\n" + rows)
+    rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
+    assert "raised" not in str(rc), rc
+    if rc != 0:
+        one_line_error(rc, err)
+
+
+@F_(13, "history prints 'privacy: (epsilon = -2, ...)' or 'epsilon = inf' from a CSV as the run's guarantee "
+        "instead of calling the file invalid")
+@pytest.mark.parametrize("last", ["-2", "1e999"], ids=["negative", "infinite"])
+def test_history_does_not_report_an_invalid_epsilon_as_a_guarantee(tmp_path, last):
+    (tmp_path / "h.csv").write_text(f"round,test_acc,epsilon,dp_delta\n1,0.5,1,1e-5\n2,0.6,{last},1e-5\n")
+    rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
+    assert "raised" not in str(rc) and not ("epsilon = -" in out or "epsilon = inf" in out), (rc, out)
+
+
+@pytest.mark.parametrize("csv", ["round,bytes_up\n1,5\n", "round,test_acc\n1,\x1b[2J\n", "",
+                                 "round,bytes_up,bytes_down\n1,-x,5\n"],
+                         ids=["no bytes_down", "escapes in a number column", "empty", "a bad integer"])
+def test_history_odd_csvs_are_one_clean_line(tmp_path, csv):  # held
+    (tmp_path / "h.csv").write_text(csv)
+    rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
+    one_line_error(rc, err)
+    assert _clean(out + err), repr(err)
