@@ -544,3 +544,61 @@ def test_history_odd_csvs_are_one_clean_line(tmp_path, csv):  # held
     rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
     one_line_error(rc, err)
     assert _clean(out + err), repr(err)
+
+
+# ================================================================================ (3) more links in results
+def test_run_with_results_runs_a_link_is_refused_before_a_kernel(tmp_path):  # held
+    root, results = _results(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (results / "runs").symlink_to(elsewhere)
+    rc, out, err = cli(["--root", root, "--results", results, "run", "tiny"])
+    one_line_error(rc, err)
+    assert "link" in err and list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["REPORT.md", "index.html"])
+def test_report_with_the_board_a_dangling_link_creates_nothing_at_its_target(tmp_path, name):  # held
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
+    (results / name).symlink_to(tmp_path / "target.txt")
+    rc, out, err = cli(["--root", root, "--results", results, "report"])
+    assert "Traceback" not in err and "raised" not in str(rc), (rc, err)
+    assert not (tmp_path / "target.txt").exists()
+
+
+# ================================================================================ (7) write errors of other kinds
+def _failing_writes(monkeypatch, number):
+    """Every temporary file fails with errno `number` (28 ENOSPC, 122 EDQUOT, 13 EACCES, 5 EIO, 30 EROFS)."""
+    import tempfile
+
+    def fail(*a, **k):
+        raise OSError(number, os.strerror(number))
+    monkeypatch.setattr(tempfile, "mkstemp", fail)
+
+
+@pytest.mark.parametrize("number", [28, 122, 13], ids=["ENOSPC", "EDQUOT", "EACCES"])
+@pytest.mark.parametrize("cmd", [["report"], ["lab", "--dry-run"]], ids=["report", "lab"])
+def test_write_errors_are_one_line(tmp_path, monkeypatch, number, cmd):  # held
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
+    _failing_writes(monkeypatch, number)
+    rc, out, err = cli(["--root", root, "--results", results, *cmd])
+    one_line_error(rc, err)
+
+
+@F_(14, "an I/O error (EIO: a failing disk or network mount) while report writes the board is a bare OSError "
+        "traceback, not a one-line error")
+def test_an_io_error_while_writing_the_board_is_one_line(tmp_path, monkeypatch):
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
+    _failing_writes(monkeypatch, 5)
+    rc, out, err = cli(["--root", root, "--results", results, "report"])
+    assert "raised" not in str(rc), rc
+    one_line_error(rc, err)
+
+
+@F_(15, "a read-only file system (EROFS) is told to 'free space (or quota) there': the advice of a full disk")
+def test_a_read_only_file_system_gets_its_own_advice(tmp_path, monkeypatch):
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
+    _failing_writes(monkeypatch, 30)
+    rc, out, err = cli(["--root", root, "--results", results, "report"])
+    one_line_error(rc, err)
+    assert "read-only" in err and "free space" not in err, err
