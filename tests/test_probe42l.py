@@ -602,3 +602,28 @@ def test_a_read_only_file_system_gets_its_own_advice(tmp_path, monkeypatch):
     rc, out, err = cli(["--root", root, "--results", results, "report"])
     one_line_error(rc, err)
     assert "read-only" in err and "free space" not in err, err
+
+
+# ================================================================================ (6) Flower reply metrics
+@pytest.mark.parametrize("over", [{"num-examples": 10 ** 30}, {"num-examples": True}, {"train-loss": "\x1b[2J"},
+                                  {"train-loss": float("inf")}, {"steps": 10 ** 30}, {"bytes-up": -5}, {"zzz": 1}],
+                         ids=["num-examples 1e30", "num-examples bool", "train-loss escapes", "train-loss inf",
+                              "steps 1e30", "bytes-up negative", "an extra metric"])
+def test_flower_reply_metric_variants_are_refused_naming_the_client(fed10, over):  # held
+    from test_probe42k import _flower, _reply
+    s = _flower(fed10)
+    before = s.theta.clone()
+    with pytest.raises(ValueError, match="client 0") as e:
+        s.aggregate_train(1, [_reply(s, 0, **over), _reply(s, 1)])
+    assert _clean(str(e.value)) and torch.equal(s.theta, before)
+
+
+# ================================================================================ (4) requires never imported
+@pytest.mark.parametrize("requires", ['["this.x"]', '["this"]', '["antigravity.x"]'])
+def test_requires_entries_are_never_imported_by_list(tmp_path, requires):  # held
+    import sys
+    root = root_copy(tmp_path, lambda t: t.replace("notebook: notebooks/tiny.ipynb",
+                                                   f"notebook: notebooks/tiny.ipynb\nrequires: {requires}"))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "list"])
+    assert rc == 0 and "this" not in sys.modules and "antigravity" not in sys.modules
+    assert "Beautiful is better" not in out + err
