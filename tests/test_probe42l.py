@@ -627,3 +627,26 @@ def test_requires_entries_are_never_imported_by_list(tmp_path, requires):  # hel
     rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "list"])
     assert rc == 0 and "this" not in sys.modules and "antigravity" not in sys.modules
     assert "Beautiful is better" not in out + err
+
+
+# ================================================================================ (1) the accountant at its edges
+@pytest.mark.parametrize("target", [1e-300, 1e-3, 0.5, 8.0])
+def test_noise_for_epsilon_meets_tiny_and_ordinary_targets(target):  # held
+    from fedlab_nb.methods.privacy.accounting import epsilon, noise_for_epsilon
+    z = noise_for_epsilon(target, 0.1, 10, 1e-5)
+    assert np.isfinite(z) and z > 0 and epsilon(0.1, z, 10, 1e-5) <= target
+
+
+@pytest.mark.parametrize("args", [(np.float32(0.1), 1.0, np.int64(10), np.float64(1e-5)), (0.1, 1.0, 10, 5e-324),
+                                  (1e-320, 1.0, 10, 1e-5)], ids=["numpy scalars", "subnormal delta", "subnormal q"])
+def test_epsilon_with_numpy_scalars_and_subnormals_is_finite(args):  # held
+    from fedlab_nb.methods.privacy.accounting import epsilon
+    assert np.isfinite(epsilon(*args)) and epsilon(*args) >= 0
+
+
+@pytest.mark.parametrize("args", [(0.1, 1.0, 10.0, 1e-5), (1.0000000000000002, 1.0, 10, 1e-5), (0.1, 1.0, 10, 1.0)],
+                         ids=["float steps", "q just above 1", "delta 1"])
+def test_epsilon_refuses_near_miss_arguments(args):  # held
+    from fedlab_nb.methods.privacy.accounting import epsilon
+    with pytest.raises(ValueError):
+        epsilon(*args)
