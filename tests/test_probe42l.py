@@ -650,3 +650,28 @@ def test_epsilon_refuses_near_miss_arguments(args):  # held
     from fedlab_nb.methods.privacy.accounting import epsilon
     with pytest.raises(ValueError):
         epsilon(*args)
+
+
+# ================================================================================ (5)/(8) figures check on odd run data
+EVIL = "\x1b[2J\u202e\u2028k"
+SERIES = [{"key": "a", "kind": "line", "values": [1, 9]}]
+RUN_DATA = {"key with escapes": ("main", {"figure": "main", "series": [{**SERIES[0], "key": EVIL}]}),
+            "file named with escapes": (f"m{EVIL}", {"figure": "main", "series": SERIES}),
+            "a value beyond double": ("main", '{"figure":"main","series":[{"key":"a","kind":"line",'
+                                              '"values":[1e400,2]}]}'),
+            "a string value": ("main", {"figure": "main", "series": [{**SERIES[0], "values": [EVIL, 2]}]}),
+            "deep nesting": ("main", '{"figure":"main","series":' + "[" * 100000 + "]" * 100000 + "}")}
+
+
+@pytest.mark.parametrize("case", list(RUN_DATA))
+def test_figures_check_with_odd_run_data_is_clean(tmp_path, case):  # held
+    root = root_copy(tmp_path)
+    good, run = tmp_path / "good", tmp_path / "run"
+    good.mkdir(), run.mkdir()
+    (good / "main.data.json").write_text(json.dumps({"figure": "main", "series": [{"key": "a", "kind": "line",
+                                                                                   "values": [1.0, 2.0]}]}))
+    assert cli(["--root", root, "figures", "update", "tiny", "--from", good])[0] == 0
+    name, data = RUN_DATA[case]
+    (run / f"{name}.data.json").write_text(data if isinstance(data, str) else json.dumps(data))
+    rc, out, err = cli(["--root", root, "figures", "check", "tiny", "--from", run])
+    assert rc == 1 and "Traceback" not in err and "raised" not in str(rc) and _clean(out + err), (rc, repr(out + err))
