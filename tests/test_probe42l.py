@@ -675,3 +675,24 @@ def test_figures_check_with_odd_run_data_is_clean(tmp_path, case):  # held
     (run / f"{name}.data.json").write_text(data if isinstance(data, str) else json.dumps(data))
     rc, out, err = cli(["--root", root, "figures", "check", "tiny", "--from", run])
     assert rc == 1 and "Traceback" not in err and "raised" not in str(rc) and _clean(out + err), (rc, repr(out + err))
+
+
+# ================================================================================ (8) an infinite default
+@F_(16, "a notebook whose parameters cell holds 'value = 1e400' (inf) makes run crash with json's bare 'Out of "
+        "range float values are not JSON compliant' while writing parameters.json; -p value .inf is refused")
+def test_run_with_an_infinite_notebook_default_is_one_line(tmp_path):
+    root = root_copy(tmp_path)
+    path = root / "notebooks" / "tiny.ipynb"
+    nb = json.loads(path.read_text())
+    nb["cells"][1]["source"] = "".join(nb["cells"][1]["source"]) + "\nvalue = 1e400"
+    path.write_text(json.dumps(nb))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "run", "tiny"])
+    assert "raised" not in str(rc), rc
+    one_line_error(rc, err)
+
+
+def test_run_with_an_infinite_scale_override_is_one_line(tmp_path):  # held
+    root = root_copy(tmp_path, lambda t: t.replace("{n_points: 4}", "{n_points: 4, value: .inf}"))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "run", "tiny"])
+    assert "raised" not in str(rc), rc
+    one_line_error(rc, err)
