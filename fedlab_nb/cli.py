@@ -186,8 +186,8 @@ def _last_results(results: Path, pid: str) -> dict:
     for path, _, scale in result_files(results, pid):
         data, problem = read_result(path)
         if problem:  # a corrupt result is stale, not fatal
-            print(f"warning: {path} {problem}; treated as stale "
-                  f"(fedlab-nb reproduce {pid} --scale {scale} replaces it)", file=sys.stderr)
+            print(printable(f"warning: {path} {problem}; treated as stale "  # a file name is text from disk
+                            f"(fedlab-nb reproduce {pid} --scale {scale} replaces it)"), file=sys.stderr)
             last[scale] = {"verdict": "stale (corrupt result file)", "claims": []}
         elif data["paper"] == pid:
             last[data["scale"]] = data
@@ -468,7 +468,7 @@ def _warning_lines(caught) -> list:
     lines = []
     for w in caught:
         if issubclass(w.category, StaleResultWarning):
-            lines.append(f"warning: {w.message}")
+            lines.append(printable(f"warning: {w.message}"))  # the message names a file: its name is text from disk
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return lines
@@ -541,7 +541,7 @@ def cmd_history(args) -> int:
         raise UsageError(f"cannot read {path} as a History: {e}") from None
     try:
         summary = hist.summary()  # text in a number column fails here, not in load()
-    except (ValueError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, OverflowError) as e:
         why = printable((str(e).splitlines() or [type(e).__name__])[0], 160)
         raise UsageError(f"cannot summarise {path} as a History ({why}); give a CSV that History.save(...) wrote, "
                          "numbers in its number columns") from None
@@ -600,15 +600,18 @@ COMMANDS = {"list": cmd_list, "run": cmd_run, "params": cmd_params, "reproduce":
             "figures": cmd_figures, "history": cmd_history, "lab": cmd_lab}
 
 
-DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
-               errno.EROFS: "the file system is read-only"}
+DISK_ERRORS = {errno.ENOSPC: ("the disk is full", "free space there"),  # (what happened, the fix there)
+               errno.EDQUOT: ("the disk quota is used up", "free quota there"),
+               errno.EROFS: ("the file system is read-only", "use a writable folder"),
+               errno.EIO: ("the disk or mount failed (an I/O error)", "check the disk or network mount")}
 
 
 def disk_error(e: OSError, args) -> str:
     """One line for a write the disk refused: what happened, where, that finished results are kept, the fix."""
     where = e.filename or _results(args, _root(args))
-    return (f"{DISK_ERRORS[e.errno]} ({e.strerror or e}) while writing {where}; results already written are kept "
-            "as they were: free space (or quota) there, or give --results a folder on another disk")
+    what, fix = DISK_ERRORS[e.errno]
+    return (f"{what} ({e.strerror or e}) while writing {where}; results already written are kept as they were: "
+            f"{fix}, or give --results a folder on another disk")
 
 
 def main(argv=None) -> int:
@@ -626,7 +629,7 @@ def main(argv=None) -> int:
             return 1
         if e.errno not in DISK_ERRORS:
             raise
-        print(f"fedlab-nb {args.command}: error: {disk_error(e, args)}", file=sys.stderr)
+        print(f"fedlab-nb {args.command}: error: {printable(disk_error(e, args))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -122,8 +122,14 @@ def _store(paper_id: str, results: Path, root: Path) -> Path:
             raise SystemExit(printable(f"{source}: two figures are named {Path(name).name!r} (they would be stored "
                                        "as one file); give the run's figures distinct names; nothing stored", 300))
         copies.append((found, Path(name).name))
-    store_dir = make_folder(root / "papers" / "paper_scale")
+    store_dir = root / "papers" / "paper_scale"
+    if store_dir.exists() and not store_dir.is_dir():
+        raise SystemExit(f"{store_dir} is a file where the stored paper-scale results go; move it aside; nothing stored")
+    store_dir = make_folder(store_dir)
     folder, path = refuse_link(store_dir / paper_id), refuse_link(store_dir / f"{paper_id}.json")
+    if path.is_dir() or (folder.exists() and not folder.is_dir()):
+        raise SystemExit(f"{path if path.is_dir() else folder} is a {'folder' if path.is_dir() else 'file'} where the "
+                         f"stored {'JSON' if path.is_dir() else 'figures folder'} goes; move it aside; nothing stored")
     kept = {k: v for k, v in data.items() if k not in ("outputs", "notebook")}  # local paths, not the record
     kept["figures"] = [f"{paper_id}/{Path(n).name}" for n in data.get("figures", [])]
     kept["figure_data"] = [f"{paper_id}/{Path(n).name}" for n in data.get("figure_data", [])]

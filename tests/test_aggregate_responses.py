@@ -111,7 +111,7 @@ def test_clear_errors():
     x, y, bags, ybar, _ = _data()
     with pytest.raises(ValueError, match="rho must be in"):
         A.interpolating_estimator(x, ybar, bags, 1.5)
-    with pytest.raises(ValueError, match="epsilon must be > 0"):
+    with pytest.raises(ValueError, match="epsilon must be a finite number > 0"):
         A.dp_noise_scale(2, 0.0, 1.0)
     with pytest.raises(ValueError, match="every index"):
         A.bag_means(y, bags[:-1])

@@ -45,7 +45,6 @@ def _results(tmp_path, **files):
 
 
 # ================================================================================ (1) DP and label DP
-@F_(1, "dp_bag_responses(epsilon=inf) releases the bag means with no noise (Laplace scale 0), no error")
 def test_label_dp_bag_responses_refuse_an_infinite_epsilon():
     from fedlab_nb.methods.privacy import aggregate_responses as A
     rng = np.random.default_rng(0)
@@ -53,7 +52,6 @@ def test_label_dp_bag_responses_refuse_an_infinite_epsilon():
         A.dp_bag_responses(rng.normal(size=20), A.random_bags(20, 4, rng), float("inf"), 1.0, rng)
 
 
-@F_(2, "dp_bag_responses with an object y holding None raises numpy's bare TypeError from np.isnan")
 def test_label_dp_bag_responses_with_missing_values_as_none_is_a_named_error():
     from fedlab_nb.methods.privacy import aggregate_responses as A
     rng = np.random.default_rng(0)
@@ -147,7 +145,6 @@ def test_report_does_not_link_a_figure_whose_name_url_decodes_outside(tmp_path):
 
 
 # ================================================================================ (5) control characters
-@F_(3, "list prints a result file's name raw in its stale warning: escape sequences in a file name reach the terminal")
 def test_list_strips_control_characters_from_a_result_file_name(tmp_path):
     root, results = _results(tmp_path, **{"tiny-sm\x1b]0;pwned\x07oke.json": "{}"})
     rc, out, err = cli(["--root", root, "--results", results, "list"])
@@ -168,8 +165,6 @@ def test_history_strips_control_characters_from_csv_column_names(tmp_path):
 
 
 # ================================================================================ (new code) History.save
-@F_(4, "History.save('run_lr0.1') and ('run_lr0.05') share the sidecar run_lr0.json: the first run loads the "
-       "second's metadata")
 def test_history_saves_to_dotted_names_without_a_suffix_keep_their_own_metadata(tmp_path):
     fed = fl.federate("digits", "iid", n_clients=3, seed=0)
     a = fl.simulate("fedavg", fed, "logreg", rounds=1, lr=0.1, progress=False)
@@ -276,7 +271,6 @@ def _to_store(tmp_path, **over):
     return root, results
 
 
-@F_(5, "store with papers/paper_scale/tiny.json a folder raises a bare IsADirectoryError from os.replace in _swap_in")
 def test_store_with_the_stored_json_a_folder_is_one_line(tmp_path):
     module = script(REPO / "scripts" / "paper_scale.py")
     root, results = _to_store(tmp_path)
@@ -287,7 +281,6 @@ def test_store_with_the_stored_json_a_folder_is_one_line(tmp_path):
     assert sorted(p.name for p in (root / "papers" / "paper_scale").iterdir()) == ["tiny.json"]
 
 
-@F_(6, "store with papers/paper_scale a file says 'give --results a folder': --results is not the store's folder")
 def test_store_with_the_store_folder_a_file_names_the_right_fix(tmp_path):
     module = script(REPO / "scripts" / "paper_scale.py")
     root, results = _to_store(tmp_path)
@@ -312,8 +305,6 @@ def test_store_refuses_odd_result_fields_in_one_clean_line(tmp_path, over):  # h
 
 
 # ================================================================================ (new code) the loss check's reach
-@F_(7, "the loss check still reads only the first 64 test rows: a test set sorted by label with the ignored class "
-       "last lets cross_entropy(ignore_index=0) train, sorted the other way it is refused")
 def test_an_ignore_index_loss_is_judged_the_same_whatever_order_the_test_set_has():
     import torch.nn.functional as F
 
@@ -333,8 +324,6 @@ def test_an_ignore_index_loss_is_judged_the_same_whatever_order_the_test_set_has
 
 
 # ================================================================================ (4) bombs in a claims file
-@F_(8, "an expectation '== \"abcdefgh\" * n' repeats the string by an integer metric n: 10^13 is a MemoryError "
-       "(10^10, e.g. a byte count, allocates 80 GB) instead of a refused or failed claim")
 def test_an_expectation_cannot_repeat_a_string_by_a_metric():
     from fedlab_nb.repro.expect import ExpectationError, MetricError, parse_expectation
     try:
@@ -346,8 +335,6 @@ def test_an_expectation_cannot_repeat_a_string_by_a_metric():
 
 
 # ================================================================================ (1) label DP: shapes and types
-@F_(9, "dp_bag_responses takes y of shape [n, d] and adds Laplace(2B/(k·eps)) per coordinate: the release is "
-       "(d·eps)-label-DP while eps is what the caller asked for")
 def test_label_dp_bag_responses_refuse_multi_column_responses():
     from fedlab_nb.methods.privacy import aggregate_responses as A
     rng = np.random.default_rng(0)
@@ -355,8 +342,6 @@ def test_label_dp_bag_responses_refuse_multi_column_responses():
         A.dp_bag_responses(rng.normal(size=(20, 3)), A.random_bags(20, 4, rng), 1.0, 1.0, rng)
 
 
-@F_(10, "dp_bag_responses with bags of float dtype (every index once) raises a bare IndexError; draws=-1 numpy's "
-        "'negative dimensions are not allowed'")
 @pytest.mark.parametrize("case", ["float bags", "negative draws"])
 def test_label_dp_bag_responses_odd_bags_and_draws_are_named_errors(case):
     from fedlab_nb.methods.privacy import aggregate_responses as A
@@ -399,8 +384,6 @@ def test_a_locked_paper_with_escapes_in_the_lock_file_is_one_clean_line(tmp_path
     assert rc == 1 and "another run" in out + err and _clean(out + err), (rc, repr(out + err))
 
 
-@F_(11, "run refused by another run's lock first prints 'running notebooks/tiny.ipynb into <results>/runs/...', a "
-        "folder it never makes")
 def test_run_refused_by_the_lock_does_not_announce_a_folder_it_never_makes(tmp_path):
     root, results = _results(tmp_path)
     holder = _hold_lock(results / "tiny.lock", "{}")
@@ -516,8 +499,6 @@ def test_secagg_a_roster_edited_for_one_client_aborts_or_sums_exactly(edit):  # 
 
 
 # ================================================================================ (8) history of odd numbers
-@F_(12, "history on a CSV whose bytes_up is inf, 1e400 or sums past 1.8e308 crashes with OverflowError (int(inf)) "
-        "instead of a one-line error")
 @pytest.mark.parametrize("rows", ["1,inf,5\n", "1,1e400,5\n", "1,1e308,1\n2,1e308,1\n"], ids=["inf", "1e400", "sum"])
 def test_history_with_infinite_byte_counts_is_one_line(tmp_path, rows):
     (tmp_path / "h.csv").write_text("round,bytes_up,bytes_down\n" + rows)
@@ -527,8 +508,6 @@ def test_history_with_infinite_byte_counts_is_one_line(tmp_path, rows):
         one_line_error(rc, err)
 
 
-@F_(13, "history prints 'privacy: (epsilon = -2, ...)' or 'epsilon = inf' from a CSV as the run's guarantee "
-        "instead of calling the file invalid")
 @pytest.mark.parametrize("last", ["-2", "1e999"], ids=["negative", "infinite"])
 def test_history_does_not_report_an_invalid_epsilon_as_a_guarantee(tmp_path, last):
     (tmp_path / "h.csv").write_text(f"round,test_acc,epsilon,dp_delta\n1,0.5,1,1e-5\n2,0.6,{last},1e-5\n")
@@ -585,8 +564,6 @@ def test_write_errors_are_one_line(tmp_path, monkeypatch, number, cmd):  # held
     one_line_error(rc, err)
 
 
-@F_(14, "an I/O error (EIO: a failing disk or network mount) while report writes the board is a bare OSError "
-        "traceback, not a one-line error")
 def test_an_io_error_while_writing_the_board_is_one_line(tmp_path, monkeypatch):
     root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
     _failing_writes(monkeypatch, 5)
@@ -595,7 +572,6 @@ def test_an_io_error_while_writing_the_board_is_one_line(tmp_path, monkeypatch):
     one_line_error(rc, err)
 
 
-@F_(15, "a read-only file system (EROFS) is told to 'free space (or quota) there': the advice of a full disk")
 def test_a_read_only_file_system_gets_its_own_advice(tmp_path, monkeypatch):
     root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
     _failing_writes(monkeypatch, 30)
@@ -678,8 +654,6 @@ def test_figures_check_with_odd_run_data_is_clean(tmp_path, case):  # held
 
 
 # ================================================================================ (8) an infinite default
-@F_(16, "a notebook whose parameters cell holds 'value = 1e400' (inf) makes run crash with json's bare 'Out of "
-        "range float values are not JSON compliant' while writing parameters.json; -p value .inf is refused")
 def test_run_with_an_infinite_notebook_default_is_one_line(tmp_path):
     root = root_copy(tmp_path)
     path = root / "notebooks" / "tiny.ipynb"

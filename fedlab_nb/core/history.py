@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 METRICS = ["round", "n_sampled", "train_loss", "test_loss", "test_acc", "client_acc_mean", "client_acc_std",
@@ -60,33 +62,57 @@ class History(pd.DataFrame):
             if col in self.columns and not self[col].dropna().empty:
                 lines.append(f"  final {col} = {self.final(col):.4f}")
         if "bytes_up" in self.columns:
-            lines.append(f"  bytes up {int(self['bytes_up'].sum()):,}, down {int(self['bytes_down'].sum()):,}")
+            up, down = (_byte_total(self, col) for col in ("bytes_up", "bytes_down"))
+            lines.append(f"  bytes up {up:,}, down {down:,}")
         priv = self.privacy()
         if priv is not None:
-            lines.append(f"  privacy: (epsilon = {priv[0]:.3g}, delta = {priv[1]:.3g}) after {len(self)} rounds")
+            lines.append(_privacy_line(*priv, len(self)))
         return "\n".join(lines)
 
     def save(self, path: str | Path) -> Path:
-        """CSV of the rows plus a `.json` beside it holding `meta`."""
+        """CSV of the rows plus a `.json` beside it holding `meta` (run.csv → run.json; run_lr0.1 → run_lr0.1.json)."""
         path = Path(path)
-        if path.suffix.lower() == ".json":  # the metadata goes to path.with_suffix(".json"): it would overwrite the rows
+        if path.suffix.lower() == ".json":  # a .json name reads as the metadata's, not the rows'
             raise ValueError(f"History.save({str(path)!r}): the rows are a CSV and the metadata goes beside them as "
                              f"{path.stem}.json; save to {path.with_suffix('.csv').name!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = json.dumps(getattr(self, "meta", {}), indent=1, default=str)
-        for target in (path, path.with_suffix(".json")):  # refuse a link at either before writing anything
+        for target in (path, meta_path(path)):  # refuse a link at either before writing anything
             _refuse_link(target)
         _write_atomic(path, pd.DataFrame(self).to_csv(index=False))
-        _write_atomic(path.with_suffix(".json"), meta)
+        _write_atomic(meta_path(path), meta)
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "History":
         path = Path(path)
         h = cls(pd.read_csv(path))
-        meta_file = path.with_suffix(".json")
+        meta_file = meta_path(path)
         h.meta = _read_meta(meta_file) if meta_file.exists() else {}
         return h
+
+
+def _byte_total(h: "History", col: str) -> int:
+    """The sum of a byte column as an integer; inf, NaN or a sum past a float's range is a ValueError naming it."""
+    total = h[col].sum()
+    if isinstance(total, (float, np.floating)) and not math.isfinite(total):
+        raise ValueError(f"column {col!r} sums to {total}: byte counts must be finite numbers")
+    return int(total)
+
+
+def _privacy_line(epsilon: float, delta: float, rounds: int) -> str:
+    """The summary's (ε, δ) line; ε = inf is no guarantee and is said so, a negative or NaN ε is not a privacy level."""
+    if not epsilon >= 0:
+        raise ValueError(f"the last epsilon is {epsilon}: not a privacy level (ε >= 0)")
+    if epsilon == math.inf:
+        return f"  privacy: no finite guarantee (epsilon is infinite) after {rounds} rounds"
+    return f"  privacy: (epsilon = {epsilon:.3g}, delta = {delta:.3g}) after {rounds} rounds"
+
+
+def meta_path(path: Path) -> Path:
+    """The metadata file of a saved History: run.csv → run.json, run → run.json; a name whose last dot is not an
+    extension keeps it (run_lr0.1 → run_lr0.1.json, so run_lr0.05's metadata is another file)."""
+    return path.with_suffix(".json") if path.suffix.lower() in ("", ".csv") else path.with_name(path.name + ".json")
 
 
 def _refuse_link(path: Path) -> None:

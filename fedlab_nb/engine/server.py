@@ -444,8 +444,9 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
     if len(dtypes) > 1:
         raise ValueError(f"the model's parameters mix dtypes {', '.join(dtypes)}: simulate trains them as one flat "
                          "vector of one dtype; convert the model with model.float() (or model.double())")
-    # a custom loss's reductions are compared on 64 rows: an ignore_index or a class weight shows on almost any 64
-    was, x = model.training, fed.x_test[:64 if criterion is not None else 2]
+    was, x = model.training, fed.x_test[:2]
+    if criterion is not None:  # a custom loss's reductions are compared on 64 rows spread over the test set (a sorted
+        x = fed.x_test[_spread(len(fed.x_test), 64)]  # set would hide an ignore_index class from its first rows)
     try:
         out = model.eval()(x)  # eval mode: a BatchNorm's running statistics stay as they are
     except RuntimeError as e:
@@ -467,7 +468,7 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
                          "torch.no_grad()): there is no gradient to train; return the forward's outputs as they are")
     out = out.detach()
     if criterion is not None:
-        return _check_reductions(criterion, out, fed.y_test[:len(out)])
+        return _check_reductions(criterion, out, fed.y_test[_spread(len(fed.x_test), 64)])
     if fed.y_test.dtype.is_floating_point and fed.y_test.dim() == 1:
         raise ValueError(f"the data's y are float ({fed.y_test.dtype}, one number per row): regression targets, or "
                          "class ids stored as floats; pass loss= (e.g. torch.nn.functional.mse_loss) for a "
@@ -476,6 +477,11 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
         raise ValueError(f"the model has {tuple(out.shape[1:])} outputs but the data set has {fed.num_classes} classes; "
                          f"build it with {fed.num_classes} outputs (e.g. make_model(name, fed.input_shape, "
                          f"fed.num_classes)), or pass loss= for a non-classification objective")
+
+
+def _spread(n: int, k: int) -> torch.Tensor:
+    """Up to k row indices spread evenly over 0..n-1."""
+    return torch.linspace(0, n - 1, min(k, n)).round().long().unique()
 
 
 def _check_reductions(criterion, out: torch.Tensor, y: torch.Tensor) -> None:

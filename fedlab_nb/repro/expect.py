@@ -80,15 +80,22 @@ class _Parser:
     def expr(self):
         node = self.term()
         while self.peek()[1] in ("+", "-"):
-            node = (self.take()[1], node, self.term())
+            node = self._arith(self.take()[1], node, self.term())
         return node
 
     def term(self):
         node = self.atom()
         while self.peek()[1] == "*":
             self.take()
-            node = ("*", node, self.atom())
+            node = self._arith("*", node, self.atom())
         return node
+
+    def _arith(self, op: str, left, right):
+        """(op, left, right), refused when a side is a quoted string: text is compared with ==, never computed."""
+        if any(side[0] == "num" and isinstance(side[1], str) for side in (left, right)):
+            raise ExpectationError(f"expectation {_short(self.text)} does arithmetic on a quoted string; a string "
+                                   "can only stand alone after ==")
+        return (op, left, right)
 
     def atom(self):
         kind, tok = self.take()
@@ -113,7 +120,7 @@ class _Parser:
         if kind == "name" and tok not in _KEYWORDS:
             return ("metric", tok)
         if tok == "-":
-            node = ("*", ("num", -1.0), self.atom())
+            node = self._arith("*", ("num", -1.0), self.atom())
             self.depth -= 1
             return node
         if tok == "(":
@@ -147,7 +154,11 @@ def _value(node, metrics: dict):
         return node[1]
     if kind == "metric":
         return metric_value(metrics, node[1])
-    out = _ARITH[kind](_value(node[1], metrics), _value(node[2], metrics))
+    left, right = _value(node[1], metrics), _value(node[2], metrics)
+    if isinstance(left, (str, bytes)) or isinstance(right, (str, bytes)):  # "ab" * n would build a string of n copies
+        raise MetricError(f"the expectation does arithmetic on text ({left!r:.40} {kind} {right!r:.40}); text can "
+                          "only be compared with ==")
+    out = _ARITH[kind](left, right)
     if isinstance(out, float) and not math.isfinite(out):  # e.g. metric * 1e308: a bound every value meets
         raise MetricError(f"the expectation's arithmetic overflows to {out}")
     return out

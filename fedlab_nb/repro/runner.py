@@ -196,6 +196,11 @@ def build_parameters(paper: Paper, scale: str, overrides: dict | None, device: s
                                  f"{flag} (e.g. {flag} {example}), which checks it; drop -p {name}")
     notebook = notebook_path(paper)
     defaults = notebook_parameters(notebook)
+    infinite = [n for n, v in defaults.items() if v is not _NO_DEFAULT and not _finite(v)]
+    if infinite:  # parameters.json records the defaults too, and it is strict JSON
+        raise ParameterError(f"{notebook.name}'s parameters cell sets {infinite[0]} = "
+                             f"{printable(repr(defaults[infinite[0]]), 40)}: inf and NaN cannot be recorded in "
+                             "parameters.json; write a finite default (e.g. a large number for 'no limit')")
     params = dict(paper.scales[scale]["parameters"])
     params.update(overrides or {})
     if "scale" in defaults:
@@ -278,9 +283,9 @@ def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = 
     refuse_link(folder)
     _refuse_links(folder, stem)
     refuse_link(folder / PARAMETERS_FILE)
-    if progress == "lines":  # the parameters are valid: say what runs, and where its files go
-        print(f"{paper.id} ({scale}): running {paper.notebook} into {folder}", file=sys.stderr, flush=True)
     with run_lock(results, paper.id, scale), staging(folder, stem) as tmp:
+        if progress == "lines":  # the parameters are valid and the lock is held: say what runs, and where
+            print(f"{paper.id} ({scale}): running {paper.notebook} into {folder}", file=sys.stderr, flush=True)
         write_parameters_file(tmp, paper, scale, params, defaults, dict(parameters or {}), device)
         run = _execute(paper, scale, params, tmp, progress)
         executed = (tmp / f"{stem}.ipynb").is_file()  # not when the kernel could not start

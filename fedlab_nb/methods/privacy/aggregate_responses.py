@@ -69,6 +69,8 @@ def make_bags(kind: str, x: np.ndarray, k: int, rng: np.random.Generator) -> np.
 
 def _check_bags(bags: np.ndarray, n: int) -> np.ndarray:
     bags = np.asarray(bags)
+    if bags.dtype.kind not in "iu":  # float indices (0.0, 1.0 ...) would index nothing numpy accepts
+        raise ValueError(f"bags must hold integer row indices, got dtype {bags.dtype}; use bags.astype(int)")
     if bags.ndim != 2 or bags.size != n or not np.array_equal(np.sort(bags.ravel()), np.arange(n)):
         raise ValueError(f"bags must be an [m, k] array holding every index 0..{n - 1} exactly once "
                          f"(use random_bags or feature_bags), got shape {bags.shape}")
@@ -194,8 +196,8 @@ def bias_variance(x, bags, rho: float, theta_star, sigma: float) -> tuple[float,
 # --- label-DP aggregate responses ------------------------------------------------------------------
 def dp_noise_scale(k: int, epsilon: float, clip: float) -> float:
     """Laplace scale for ε-label-DP bag means of responses clipped to [−clip, clip]: sensitivity 2·clip/k."""
-    if not epsilon > 0:
-        raise ValueError(f"epsilon must be > 0, got {epsilon!r}")
+    if not 0 < epsilon < np.inf:  # ε = inf: a Laplace scale of 0, the bag means released bare
+        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
     if not 0 < clip < np.inf:  # clip = inf: an infinite sensitivity, every release ±inf
         raise ValueError(f"clip (the response bound B) must be a finite number > 0, got {clip!r}")
     _check_bag_size(k, k)
@@ -209,10 +211,25 @@ def default_clip(n: int, c: float) -> float:
     return c * float(np.sqrt(np.log(n)))
 
 
+def _responses(y) -> np.ndarray:
+    """y as one real response per row: a [n, d] y would get Laplace(2B/(kε)) per coordinate, a (d·ε)-DP release."""
+    y = np.asarray(y)
+    if y.dtype.kind not in "biuf":  # object (None), text, complex: not real responses
+        raise ValueError(f"y must be real numbers, one response per row, got dtype {y.dtype} (None or text is not a "
+                         "response: drop or impute those rows)")
+    if y.ndim != 1:
+        raise ValueError(f"y must be one response per row, shape [n], got shape {y.shape}; the release is ε-DP "
+                         "for one response per row (release each column with its own share of ε)")
+    return y
+
+
 def dp_bag_responses(y: np.ndarray, bags: np.ndarray, epsilon: float, clip: float,
                      rng: np.random.Generator, draws: int | None = None) -> np.ndarray:
     """Clip responses to [−clip, clip], average per bag, add Laplace(2·clip/(kε)) to each bag mean:
     [m] (or [draws, m] independent releases)."""
+    y = _responses(y)
+    if draws is not None and (isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1):
+        raise ValueError(f"draws must be a whole number >= 1 of independent releases (or None for one), got {draws!r}")
     bags = _check_bags(bags, len(y))
     scale = dp_noise_scale(bags.shape[1], epsilon, clip)
     if np.isnan(y).any():  # np.clip keeps NaN: the release would show which bag holds it
