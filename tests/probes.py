@@ -8,6 +8,7 @@ import io
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import fedlab_nb as fl
@@ -73,3 +74,24 @@ def trace(method, fed, sampler, rounds, **kw):
     h = fl.simulate(method, fed, rounds=rounds, clients_per_round=sampler, seed=0,
                     callback=lambda r, theta, row: seen.append(theta.clone()), **{**KW, **kw})
     return h, seen
+
+
+def flower_strategy(fed, **kw):
+    """A MethodStrategy in the middle of round 1 (clients 0-2 sampled, node ids 100 + k), for the reply probes."""
+    pytest.importorskip("flwr")
+    from fedlab_nb.flower import MethodStrategy, _setup
+    s = MethodStrategy(_setup("fedavg", fed, "logreg", rounds=1, clients_per_round=3, **kw))
+    s.nodes, s.sampled, s._t0 = {k: 100 + k for k in range(fed.num_clients)}, np.array([0, 1, 2]), 0.0
+    s.down, s.theta_bytes = {"theta": s.theta}, 0
+    return s
+
+
+def flower_reply(s, k, delta=None, **metrics):
+    """A Flower reply of client k (a stand-in for flwr's Message), its metrics overridable."""
+    from types import SimpleNamespace
+
+    from flwr.app import Array
+    delta = np.full(s.theta.numel(), 0.01, np.float32) if delta is None else delta
+    metrics = {"client-id": k, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 400, **metrics}
+    return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k),
+                           content={"metrics": metrics, "message": {"delta": Array(delta)}})

@@ -16,6 +16,7 @@ import fedlab_nb as fl
 from fedlab_nb.data.federated import FederatedDataset
 from probes import KW as RUN
 from probes import REPO, cli, fed10, one_line_error, root_copy, script, trace  # noqa: F401 (fed10: a fixture)
+from probes import flower_reply, flower_strategy
 from probes import numbered_finding as F_  # noqa: F401 (a new finding is marked with it)
 
 KW = dict(rounds=1, local_epochs=1, batch_size=8, lr=0.1, progress=False, seed=0)
@@ -523,7 +524,7 @@ def test_a_checkpoint_with_a_tampered_data_hash_is_refused(tmp_path, value):  # 
 # ================================================================================ (5) a real run's printed metrics
 @pytest.mark.notebook
 def test_run_does_not_print_control_characters_from_the_notebooks_metrics(tmp_path):
-    """`fedlab-nb run` prints each recorded metric as `name = value`; a text metric is printed raw (fmt is str())."""
+    """`fedlab-nb run` prints each recorded metric as `name = value`; a text metric must reach the terminal stripped."""
     root = root_copy(tmp_path)
     nbp = root / "notebooks" / "tiny.ipynb"
     nb = json.loads(nbp.read_text())
@@ -572,34 +573,17 @@ def test_reproduce_at_paper_scale_exits_non_zero_when_one_claim_errors(tmp_path)
 
 
 # ================================================================================ (6) the Flower adapter's replies
-def _flower(fed):
-    pytest.importorskip("flwr")
-    from fedlab_nb.flower import MethodStrategy, _setup
-    s = MethodStrategy(_setup("fedavg", fed, "logreg", rounds=1, clients_per_round=3))
-    s.nodes, s.sampled, s._t0 = {k: 100 + k for k in range(fed.num_clients)}, np.array([0, 1, 2]), 0.0
-    s.down, s.theta_bytes = {"theta": s.theta}, 0
-    return s
-
-
-def _reply(s, k, delta=None, **metrics):
-    from types import SimpleNamespace
-
-    from flwr.app import Array
-    delta = np.full(s.theta.numel(), 0.01, np.float32) if delta is None else delta
-    metrics = {"client-id": k, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 400, **metrics}
-    return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k),
-                           content={"metrics": metrics, "message": {"delta": Array(delta)}})
 
 
 @pytest.mark.parametrize("which", ["client-id True", "client-id 0.0", "client-id '0'", "no metrics record",
                                    "train-loss text", "steps 10**30", "num-examples True", "float16 delta"])
 def test_flower_more_malformed_replies_are_refused_naming_the_client(fed10, which):  # held
-    s = _flower(fed10)
+    s = flower_strategy(fed10)
     over = {"client-id True": {"client-id": True}, "client-id 0.0": {"client-id": 0.0},
             "client-id '0'": {"client-id": "0"}, "train-loss text": {"train-loss": "\x1b[2J"},
             "steps 10**30": {"steps": 10 ** 30}, "num-examples True": {"num-examples": True}}.get(which, {})
     k = 1 if which == "client-id True" else 0
-    r = _reply(s, k, np.zeros(s.theta.numel(), np.float16) if which == "float16 delta" else None, **over)
+    r = flower_reply(s, k, np.zeros(s.theta.numel(), np.float16) if which == "float16 delta" else None, **over)
     if which == "no metrics record":
         del r.content["metrics"]
     with pytest.raises(ValueError, match=rf"client {k}|node {100 + k}") as e:
@@ -612,12 +596,12 @@ def test_flower_does_not_log_a_failed_clients_error_text_raw(fed10, caplog):
     unfiltered: escape sequences and bidi overrides from a remote client reach the server's terminal."""
     from types import SimpleNamespace
     import logging
-    s = _flower(fed10)
-    r = _reply(s, 0)
+    s = flower_strategy(fed10)
+    r = flower_reply(s, 0)
     r.has_error = lambda: True
     r.error = SimpleNamespace(code=1, reason="\x1b]0;pwned\x07\x1b[2J\u202eboom")
     with caplog.at_level(logging.WARNING):
-        s.aggregate_train(1, [r, _reply(s, 1)])
+        s.aggregate_train(1, [r, flower_reply(s, 1)])
     text = " ".join(rec.getMessage() for rec in caplog.records)
     assert "failed" in text and not any(c in text for c in CONTROL), repr(text)
 

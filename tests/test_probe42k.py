@@ -15,6 +15,7 @@ import fedlab_nb as fl
 from fedlab_nb.data.federated import FederatedDataset
 from probes import KW as RUN
 from probes import REPO, cli, fed10, one_line_error, root_copy, script, trace  # noqa: F401 (fed10: a fixture)
+from probes import flower_reply, flower_strategy
 from probes import numbered_finding as F_  # noqa: F401 (a new finding is marked with it)
 
 KW = dict(rounds=1, local_epochs=1, batch_size=8, lr=0.1, progress=False, seed=0)
@@ -433,39 +434,22 @@ def test_secagg_unmask_with_an_unknown_client_id_aborts_naming_it():  # held
         server.unmask(msgs)
 
 
-def _flower(fed, **kw):
-    pytest.importorskip("flwr")
-    from fedlab_nb.flower import MethodStrategy, _setup
-    s = MethodStrategy(_setup("fedavg", fed, "logreg", rounds=1, clients_per_round=3, **kw))
-    s.nodes, s.sampled, s._t0 = {k: 100 + k for k in range(fed.num_clients)}, np.array([0, 1, 2]), 0.0
-    s.down, s.theta_bytes = {"theta": s.theta}, 0
-    return s
-
-
-def _reply(s, k, delta=None, **metrics):
-    from types import SimpleNamespace
-
-    from flwr.app import Array
-    delta = np.full(s.theta.numel(), 0.01, np.float32) if delta is None else delta
-    metrics = {"client-id": k, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 400, **metrics}
-    return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k),
-                           content={"metrics": metrics, "message": {"delta": Array(delta)}})
 
 
 def test_flower_drop_leaves_out_an_inf_delta_and_keeps_the_rest(fed10):  # held
-    s = _flower(fed10, on_nonfinite="drop")
+    s = flower_strategy(fed10, on_nonfinite="drop")
     bad = np.full(s.theta.numel(), 0.01, np.float32)
     bad[3] = np.inf
-    s.aggregate_train(1, [_reply(s, 0, bad), _reply(s, 1), _reply(s, 2)])
+    s.aggregate_train(1, [flower_reply(s, 0, bad), flower_reply(s, 1), flower_reply(s, 2)])
     assert torch.isfinite(s.theta).all() and np.isfinite(s.rows[-1]["train_loss"])
 
 
 def test_flower_drop_with_every_reply_non_finite_keeps_theta(fed10):  # held
-    s = _flower(fed10, on_nonfinite="drop")
+    s = flower_strategy(fed10, on_nonfinite="drop")
     before = s.theta.clone()
     nan = np.full(s.theta.numel(), np.nan, np.float32)
     try:
-        s.aggregate_train(1, [_reply(s, k, nan) for k in range(3)])
+        s.aggregate_train(1, [flower_reply(s, k, nan) for k in range(3)])
     except ValueError as e:
         assert "client" in str(e)
     assert torch.isfinite(s.theta).all() and torch.equal(s.theta, before)
@@ -473,11 +457,11 @@ def test_flower_drop_with_every_reply_non_finite_keeps_theta(fed10):  # held
 
 @pytest.mark.parametrize("which", ["num-examples negative", "steps 0.5", "bytes-up nan", "client-id np.int64 other"])
 def test_flower_more_reply_variants_are_refused_naming_the_client(fed10, which):  # held
-    s = _flower(fed10)
+    s = flower_strategy(fed10)
     over = {"num-examples negative": {"num-examples": -10}, "steps 0.5": {"steps": 0.5},
             "bytes-up nan": {"bytes-up": float("nan")}, "client-id np.int64 other": {"client-id": np.int64(2)}}[which]
     with pytest.raises(ValueError, match=r"client [01]|node 10[01]"):
-        s.aggregate_train(1, [_reply(s, 0, **over), _reply(s, 1)])
+        s.aggregate_train(1, [flower_reply(s, 0, **over), flower_reply(s, 1)])
 
 
 # ================================================================================ (7) concurrency, disks, exit status
@@ -648,7 +632,7 @@ def test_flower_dp_round_where_every_reply_failed_is_noised(fed10):  # held
     from types import SimpleNamespace
     s = _dp_flower(fed10)
     before = s.theta.clone()
-    r = _reply(s, 0)
+    r = flower_reply(s, 0)
     r.has_error = lambda: True
     r.error = SimpleNamespace(code=1, reason="lost")
     s.aggregate_train(1, [r])
@@ -660,7 +644,7 @@ def test_flower_dp_round_where_every_reply_is_dropped_is_noised(fed10):  # held
     before = s.theta.clone()
     nan = np.full(s.theta.numel(), np.nan, np.float32)
     try:
-        s.aggregate_train(1, [_reply(s, k, nan) for k in range(3)])
+        s.aggregate_train(1, [flower_reply(s, k, nan) for k in range(3)])
     except ValueError as e:  # a refusal naming the clients is fine; a silent unnoised release is not
         assert "client" in str(e)
         return

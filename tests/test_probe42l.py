@@ -586,11 +586,11 @@ def test_a_read_only_file_system_gets_its_own_advice(tmp_path, monkeypatch):
                          ids=["num-examples 1e30", "num-examples bool", "train-loss escapes", "train-loss inf",
                               "steps 1e30", "bytes-up negative", "an extra metric"])
 def test_flower_reply_metric_variants_are_refused_naming_the_client(fed10, over):  # held
-    from test_probe42k import _flower, _reply
-    s = _flower(fed10)
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
     before = s.theta.clone()
     with pytest.raises(ValueError, match="client 0") as e:
-        s.aggregate_train(1, [_reply(s, 0, **over), _reply(s, 1)])
+        s.aggregate_train(1, [flower_reply(s, 0, **over), flower_reply(s, 1)])
     assert _clean(str(e.value)) and torch.equal(s.theta, before)
 
 

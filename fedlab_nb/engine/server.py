@@ -444,9 +444,10 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
     if len(dtypes) > 1:
         raise ValueError(f"the model's parameters mix dtypes {', '.join(dtypes)}: simulate trains them as one flat "
                          "vector of one dtype; convert the model with model.float() (or model.double())")
-    was, x = model.training, fed.x_test[:2]
-    if criterion is not None:  # a custom loss's reductions are compared on 64 rows spread over the test set (a sorted
-        x = fed.x_test[_spread(len(fed.x_test), 64)]  # set would hide an ignore_index class from its first rows)
+    # a custom loss's reductions are compared on 64 rows spread over the test set (a set sorted by label would hide
+    # an ignore_index class from its first rows); otherwise two rows check the outputs
+    rows = _spread(len(fed.x_test), 64) if criterion is not None else slice(0, 2)
+    was, x = model.training, fed.x_test[rows]
     try:
         out = model.eval()(x)  # eval mode: a BatchNorm's running statistics stay as they are
     except RuntimeError as e:
@@ -468,7 +469,7 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
                          "torch.no_grad()): there is no gradient to train; return the forward's outputs as they are")
     out = out.detach()
     if criterion is not None:
-        return _check_reductions(criterion, out, fed.y_test[_spread(len(fed.x_test), 64)])
+        return _check_reductions(criterion, out, fed.y_test[rows])
     if fed.y_test.dtype.is_floating_point and fed.y_test.dim() == 1:
         raise ValueError(f"the data's y are float ({fed.y_test.dtype}, one number per row): regression targets, or "
                          "class ids stored as floats; pass loss= (e.g. torch.nn.functional.mse_loss) for a "
