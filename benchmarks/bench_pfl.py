@@ -213,7 +213,7 @@ def bench_workload(fed, dataset: str, model_label: str, batch: int, lr: float, r
     load = [os.getloadavg()[0]]
     base = dict(dataset=dataset, model=model_label, params=flatten_params(model).numel(), clients=fed.num_clients,
                 cohort=clients_per_round or fed.num_clients, batch=batch, rounds=rounds, threads=torch.get_num_threads(),
-                device=device)
+                device=device, auto=server.auto_backend(model, device))
     rows, results = [], {}
     with tempfile.TemporaryDirectory(prefix="bench_pfl_") as tmp:
         meta = export_workload(tmp, fed, model_name, model_kwargs, model, cfg, rounds, clients_per_round)
@@ -245,10 +245,10 @@ def bench_workload(fed, dataset: str, model_label: str, batch: int, lr: float, r
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:
     """One row per workload: CPU s of a whole round per backend (Flower: wall s) and pfl's time over each of
-    ours (> 1: ours is faster than pfl), our best (`backend='auto'`: fused for MLPs, else vmap) against pfl, the
-    same-work check (rows per round, test accuracies, the largest weight difference of pfl's final model from our
-    loop's, and of our vmap / fused backends' from our loop's: the rounding noise that difference compares with),
-    the load. On a GPU the times are wall seconds (CPU seconds of the host process say little there)."""
+    ours (> 1: ours is faster than pfl), our best (`backend='auto'`: fused for MLPs, the loop for conv nets on a
+    CPU, else vmap) against pfl, the same-work check (rows per round, test accuracies, the largest weight
+    difference of pfl's final model from our loop's, and of our vmap / fused backends' from our loop's: the
+    rounding noise that difference compares with), the load. On a GPU the times are wall seconds (CPU seconds of the host process say little there)."""
     key = ["dataset", "model", "clients", "cohort"]
     metric = "cpu_seconds" if (table.get("device", pd.Series(["cpu"])) == "cpu").all() else "seconds"
     out = []
@@ -258,7 +258,8 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
         for b in ("loop", "vmap", "fused", "pfl"):
             row[f"{b}_s"] = by.loc[b, metric] if b in by.index else math.nan
         row["flower_s_wall"] = by.loc["flower", "seconds"] if "flower" in by.index else math.nan
-        best = "fused" if not math.isnan(row["fused_s"]) else "vmap"
+        best = g["auto"].iloc[0] if "auto" in g else "fused"   # what backend='auto' trains this workload on
+        best = "vmap" if best == "fused" and math.isnan(row["fused_s"]) else best   # the fused step runs vmap here
         row["best"] = best
         for b in ("loop", "vmap", "fused"):
             row[f"pfl_over_{b}"] = row["pfl_s"] / row[f"{b}_s"]

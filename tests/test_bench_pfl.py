@@ -76,6 +76,7 @@ def test_tiny_comparison_with_pfl(bench, tmp_path):
     assert (summ["pfl_max_abs_dtheta"] < 1e-5).all()
     assert ((summ["acc_pfl"] - summ["acc_loop"]).abs() < 0.01).all()   # the same predictions but a rare near tie
     assert (summ[["loop_s", "vmap_s", "pfl_s"]] > 0).all().all() and (summ["best_vs_pfl"] > 0).all()
+    assert dict(zip(summ["model"], summ["best"])) == {"mlp-16": "fused", "pfl_simple_cnn": "loop"}   # what auto picks
     assert (tmp_path / "bench_pfl_summary.csv").exists()
 
 

@@ -301,6 +301,19 @@ def test_fused_backend_runs_fused_only_where_it_is_exact(fused_steps, digits_fed
     assert fused.linear_layers(torch.nn.Linear(4, 3, bias=False)) is None
 
 
+def test_auto_trains_a_conv_net_on_the_loop_on_a_cpu_only(digits_fed):
+    """On a CPU the loop beat vmap on every CNN workload of bench_pfl (2026-12-07): 'auto' picks it for conv nets;
+    an MLP keeps the fused step, a GPU keeps vmap, and backend='vmap' / 'fused' still run vmap."""
+    from fedlab_nb.engine.server import auto_backend
+    cnn, mlp = make_model("cnn", (1, 8, 8), 10), make_model("mlp", (64,), 10)
+    assert auto_backend(cnn, "cpu") == "loop" and auto_backend(cnn, torch.device("cuda:0")) == "fused"
+    assert auto_backend(mlp, "cpu") == auto_backend(None) == "fused"
+    kw = dict(model="cnn", rounds=1, clients_per_round=2, progress=False)
+    assert fl.simulate("fedavg", digits_fed, **kw).meta["backend_used"] == "loop"
+    for forced in ("vmap", "fused"):
+        assert fl.simulate("fedavg", digits_fed, backend=forced, **kw).meta["backend_used"] == forced
+
+
 @pytest.mark.parametrize("optimizer", [None, SGD(momentum=0.9, weight_decay=1e-3)])
 @pytest.mark.parametrize("blocked", [False, True])
 @pytest.mark.parametrize("method,kwargs", [("fedprox", {"mu": 0.5}), ("scaffold", {}), ("feddyn", {"alpha": 0.1})])

@@ -75,7 +75,7 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
         check_model_outputs(m, f, None)  # as simulate: the inputs' dtype, one output per class
     groups = method.groups.resolve(param_spec(models[0]))
     loss_fn = make_loss(models[0])
-    backend = choose_backend(cfgs[0], method, models[0])
+    backend = choose_backend(cfgs[0], method, models[0], feds[0].device)
     train = kernel(backend)
     setups = [RoundSetup(method, f, c, loss_fn, groups, train, backend=backend) for f, c in zip(feds, cfgs)]
     thetas = [flatten_params(m).to(f.device) for m, f in zip(models, feds)]

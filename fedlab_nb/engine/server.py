@@ -55,7 +55,7 @@ class RunConfig:
     eval_every: int = 1
     stragglers: float = 0.0             # fraction of clients that, each round, do only a random part of their work
     drop_stragglers: bool = False       # drop stragglers' updates (the FedAvg baseline of FedProx's experiments)
-    backend: str = "auto"               # "loop" | "vmap" | "fused" | "auto" (= "fused": fused step, else vmap, else loop)
+    backend: str = "auto"               # "loop" | "vmap" | "fused" | "auto" (fused, else vmap, else loop; conv on CPU: loop)
     on_nonfinite: str = "raise"         # "raise" | "drop"
     byzantine: tuple = ()               # ids of Byzantine clients (their messages go through `attack`)
 
@@ -128,20 +128,29 @@ def _local_jobs(fed, client_ids, cfg: RunConfig, rnd: int, ctx, steps=None, trac
             for i, k in enumerate(client_ids)]
 
 
-def choose_backend(cfg: RunConfig, method: Method, model: torch.nn.Module | None = None) -> str:
+def choose_backend(cfg: RunConfig, method: Method, model: torch.nn.Module | None = None,
+                   device: str | torch.device = "cpu") -> str:
     """The backend a run uses, chosen here only: the fused step where it applies (backend='auto'/'fused': plain
     SGD of the library's MLP or logistic regression), else vmap where the method and the model allow it
-    ('auto'/'vmap'), else the loop. Models with buffers (BatchNorm running statistics, updated in place) train
-    on the loop."""
+    ('auto'/'vmap'), else the loop. 'auto' trains a conv net on a CPU on the loop (`auto_backend`). Models with
+    buffers (BatchNorm running statistics, updated in place) train on the loop."""
     if cfg.backend == "loop":
         return "loop"
     buffers = model is not None and next(model.buffers(), None) is not None
     if method.vmappable and not buffers:
-        return "vmap" if cfg.backend == "vmap" else "fused"
+        return "vmap" if cfg.backend == "vmap" else auto_backend(model, device) if cfg.backend == "auto" else "fused"
     if cfg.backend in ("vmap", "fused"):
         why = "a model with buffers (BatchNorm)" if buffers else method.name
         print(f"note: {why} cannot run on the vmap backend; falling back to loop")
     return "loop"
+
+
+def auto_backend(model: torch.nn.Module | None, device: str | torch.device = "cpu") -> str:
+    """What backend='auto' picks for a method that vmaps: the loop for a conv net on a CPU (there the loop beat
+    vmap 1.15-1.33x on every CNN workload of benchmarks/bench_pfl.py, 2026-12-07), else the fused step (which
+    runs vmap where the fused step does not apply)."""
+    convolutional = model is not None and any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    return "loop" if convolutional and torch.device(device).type == "cpu" else "fused"
 
 
 def kernel(backend: str):
@@ -573,7 +582,7 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     if declares(method.rule, ChecksSampler):  # DP: the sampling its accountant assumes, before round 1
         method.rule.check_sampler(sampler, K)
     groups = method.groups.resolve(param_spec(model))
-    backend = choose_backend(cfg, method, model)
+    backend = choose_backend(cfg, method, model, dev)
     setup = RoundSetup(method, fed, cfg, make_loss(model, loss), groups, kernel(backend), backend=backend, poison=poison)
     evaluator = Evaluator(model, fed, loss)
     byz = torch.zeros(K, dtype=torch.bool)
