@@ -1,0 +1,361 @@
+"""Probe 42m: a thirteenth, independent re-run of issue 42's failure classes, aimed first at what is new since the
+twelfth (label-DP bag responses' type and size checks, History's metadata name, history's privacy line, the
+expectation's text arithmetic, the write-error advice, paper_scale.py store's folder checks) and at variants the
+earlier test_probe42*.py do not try (NUL bytes in paths from files, symbolic-link loops, lock files of hostile size
+and shape, a notebook error full of control characters, other errno values). Each test asserts the correct
+behaviour; a test marked xfail(strict=True) is an open finding (its reason says what is wrong), so the suite stays
+green until it is fixed."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import fedlab_nb as fl
+from probes import KW as RUN
+from probes import REPO, cli, fed10, one_line_error, root_copy, script, trace  # noqa: F401 (fed10: a fixture)
+from probes import numbered_finding as F_
+
+CONTROL = ("\x1b", "\x07", "\u202e", "\u2066", "\x9b", "\r", "\u2028", "\u200f", "\x85", "\u061c", "\ufeff")
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+RESULT = {"paper": "tiny", "scale": "smoke", "verdict": "reproduced", "metrics": {"value": 1.0},
+          "claims": [{"id": "value_positive", "verdict": "reproduced", "expect": "> 0", "role": "headline"}]}
+
+
+def _clean(text):
+    return not any(c in text for c in CONTROL)
+
+
+def _no_traceback(rc, err):
+    assert rc in (0, 1) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+
+
+def _results(tmp_path, **files):
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    results.mkdir()
+    for name, text in files.items():
+        (results / name).write_text(text, encoding="utf-8")
+    return root, results
+
+
+# ================================================================================ (1) DP: other variants
+@pytest.mark.parametrize("kw", [dict(estimator="clipped", example_cap=50.0, accountant="pld"),
+                                dict(estimator="clipped", adaptive=True, clip_count_stddev=1.0)],
+                         ids=["clipped, capped weights, PLD", "clipped, adaptive clip"])
+def test_dp_clipped_estimator_variants_noise_every_empty_round(fed10, kw):  # held
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.1, **kw)
+    h, seen = trace(method, fed10, sampler, 6)
+    assert (h["n_sampled"] == 0).any()  # the variant reaches an empty round
+    assert all(not torch.equal(a, b) for a, b in zip(seen[1:], seen[:-1])) and np.isfinite(h["epsilon"]).all()
+
+
+def test_local_dp_with_poisson_sampling_reports_a_finite_epsilon_in_every_row(fed10):  # held
+    from fedlab_nb.methods.privacy.dp import dp_sampler
+    from fedlab_nb.methods.privacy.dp_fedavg import local_dp_fedavg
+    h, seen = trace(local_dp_fedavg(noise_multiplier=1.0, clip_norm=0.5), fed10, dp_sampler(0.05, 10), 6)
+    assert (h["n_sampled"] == 0).any() and np.isfinite(h["epsilon"]).all() and (np.diff(h["epsilon"]) >= 0).all()
+
+
+def test_dp_resume_that_asks_for_more_rounds_is_refused_or_accounts_every_round(fed10, tmp_path):  # held
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+
+    def stop(r, theta, row):
+        if r == 2:
+            raise KeyboardInterrupt
+    base = dict(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.1)
+    m1, s1 = dp_fedavg_with_sampler(fed10, **base)
+    with pytest.raises(KeyboardInterrupt):
+        fl.simulate(m1, fed10, rounds=4, clients_per_round=s1, seed=0, checkpoint=tmp_path / "c.pt", callback=stop,
+                    **RUN)
+    m2, s2 = dp_fedavg_with_sampler(fed10, **base)
+    try:
+        h = fl.simulate(m2, fed10, rounds=6, clients_per_round=s2, seed=0, checkpoint=tmp_path / "c.pt", resume=True,
+                        **RUN)
+    except ValueError as e:
+        assert "checkpoint" in str(e)
+        return
+    assert list(h["round"]) == list(range(1, 7)) and np.isfinite(h["epsilon"]).all()
+
+
+# ================================================================================ (new code) label DP: types and sizes
+@pytest.mark.parametrize("kw", [dict(epsilon="1"), dict(clip="1"), dict(epsilon=None), dict(epsilon=True),
+                                dict(clip=True)], ids=["epsilon text", "clip text", "epsilon None", "epsilon True",
+                                                       "clip True"])
+@F_(1, "dp_bag_responses takes epsilon / clip of the wrong type: text or None is a bare TypeError ('<' not supported), "
+       "True is accepted as 1")
+def test_label_dp_bag_responses_refuse_privacy_parameters_of_the_wrong_type(kw):
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    args = {"epsilon": 1.0, "clip": 1.0, **kw}
+    with pytest.raises(ValueError, match="epsilon|clip"):
+        A.dp_bag_responses(rng.normal(size=20), A.random_bags(20, 4, rng), rng=rng, **args)
+
+
+@F_(2, "dp_bag_responses with a subnormal epsilon (1e-320) releases inf / NaN bag means: the Laplace scale overflows")
+def test_label_dp_bag_responses_with_a_subnormal_epsilon_is_refused_or_finite():
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    try:
+        out = A.dp_bag_responses(rng.normal(size=20), A.random_bags(20, 4, rng), 1e-320, 1.0, rng)
+    except ValueError:
+        return
+    assert np.isfinite(out).all(), out
+
+
+@F_(3, "dp_bag_responses(draws=2**40) is a bare numpy MemoryError (40 TiB), not a named limit")
+def test_label_dp_bag_responses_with_an_absurd_number_of_draws_is_a_named_error():
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="draws"):
+        A.dp_bag_responses(rng.normal(size=20), A.random_bags(20, 4, rng), 1.0, 1.0, rng, draws=2 ** 40)
+
+
+@pytest.mark.parametrize("y", [np.array([True, False] * 10), np.arange(20, dtype=np.uint8), np.full(20, np.inf),
+                               np.full(20, 1e308)], ids=["bool", "uint8", "inf", "1e308"])
+def test_label_dp_bag_responses_with_odd_real_responses_release_finite_means(y):  # held
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    assert np.isfinite(A.dp_bag_responses(y, A.random_bags(20, 4, rng), 1.0, 1.0, rng)).all()
+
+
+# ================================================================================ (new code) History's metadata and summary
+@F_(4, "History.save('run') and History.save('run.csv') share run.json: the second save replaces the first's metadata")
+def test_history_saves_to_a_name_and_its_csv_keep_their_own_metadata(tmp_path):
+    fed = fl.federate("digits", "iid", n_clients=3, seed=0)
+    a = fl.simulate("fedavg", fed, "logreg", rounds=1, lr=0.1, progress=False)
+    b = fl.simulate("fedprox", fed, "logreg", rounds=1, lr=0.05, progress=False)
+    a.save(tmp_path / "run")
+    try:
+        b.save(tmp_path / "run.csv")
+    except ValueError:
+        return  # refused, naming the clash: fine
+    assert fl.History.load(tmp_path / "run").meta.get("method") == a.meta.get("method")
+
+
+def test_history_save_refuses_a_link_at_a_dotted_names_metadata(tmp_path):  # held
+    h = fl.simulate("fedavg", fl.federate("digits", "iid", n_clients=3, seed=0), "logreg", rounds=1, progress=False)
+    (tmp_path / "victim.txt").write_text("keep")
+    (tmp_path / "run_lr0.1.json").symlink_to(tmp_path / "victim.txt")
+    with pytest.raises(ValueError, match="link"):
+        h.save(tmp_path / "run_lr0.1")
+    assert (tmp_path / "victim.txt").read_text() == "keep" and not (tmp_path / "run_lr0.1").exists()
+
+
+@pytest.mark.parametrize("delta", ["5", "-1"])
+@F_(5, "history prints a dp_delta outside [0, 1) (5, -1) as the run's (epsilon, delta) guarantee")
+def test_history_does_not_report_an_invalid_delta_as_a_guarantee(tmp_path, delta):
+    (tmp_path / "h.csv").write_text(f"round,test_acc,epsilon,dp_delta\n1,0.5,1,1e-5\n2,0.6,2,{delta}\n")
+    rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
+    assert "raised" not in str(rc) and f"delta = {delta}" not in out, (rc, out)
+
+
+@F_(6, "history reports round 1's epsilon as the guarantee 'after 2 rounds' when the last row's epsilon is empty")
+def test_history_does_not_report_an_earlier_epsilon_as_the_final_one(tmp_path):
+    (tmp_path / "h.csv").write_text("round,test_acc,epsilon,dp_delta\n1,0.5,1,1e-5\n2,0.6,,1e-5\n")
+    rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
+    assert "raised" not in str(rc) and "epsilon = 1," not in out, (rc, out)
+
+
+# ================================================================================ (2) relative paths
+@pytest.mark.parametrize("results", ["res/", "./res//", "res/."], ids=["trailing slash", "dot and slashes", "dot"])
+def test_report_with_a_relative_results_of_odd_spelling(tmp_path, monkeypatch, results):  # held
+    root = root_copy(tmp_path)
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "tiny-smoke.json").write_text(json.dumps(RESULT))
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = cli(["--root", "root", "report", "--results", results])
+    assert rc == 0 and (tmp_path / "res" / "REPORT.md").is_file(), (rc, err)
+    assert not (root / "results").exists()
+
+
+def test_data_and_params_with_a_relative_root_from_a_sub_folder(tmp_path, monkeypatch):  # held
+    root_copy(tmp_path)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    for cmd in (["data"], ["params", "tiny"]):
+        rc, out, err = cli(["--root", "../root", *cmd])
+        assert rc == 0 and "Traceback" not in err, (cmd, rc, err)
+
+
+# ================================================================================ (3) link loops
+@pytest.mark.parametrize("cmd", [["report"], ["run", "tiny"], ["reproduce", "tiny", "-j", "1"], ["lab", "--dry-run"]])
+def test_a_results_folder_that_is_a_link_loop_is_one_line(tmp_path, cmd):  # held
+    root = root_copy(tmp_path)
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "a", *cmd])
+    one_line_error(rc, err)
+
+
+@pytest.mark.parametrize("cmd", [["report"], ["run", "tiny"]])
+def test_a_results_folder_under_a_link_loop_is_one_line(tmp_path, cmd):  # held
+    root = root_copy(tmp_path)
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "a" / "res", *cmd])
+    one_line_error(rc, err)
+
+
+def _to_store(tmp_path):
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    (results / "tiny-paper").mkdir(parents=True)
+    (results / "tiny-paper" / "main.png").write_bytes(PNG)
+    result = {**RESULT, "scale": "paper", "error": None, "figures": ["tiny-paper/main.png"], "figure_data": []}
+    (results / "tiny-paper.json").write_text(json.dumps(result))
+    return root, results
+
+
+@pytest.mark.parametrize("case", ["store a dangling link", "figures folder a link loop"])
+def test_store_refuses_dangling_and_looping_links_in_papers(tmp_path, case):  # held
+    module = script(REPO / "scripts" / "paper_scale.py")
+    root, results = _to_store(tmp_path)
+    if case == "store a dangling link":
+        (root / "papers" / "paper_scale").symlink_to(tmp_path / "nowhere")
+    else:
+        (root / "papers" / "paper_scale").mkdir()
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        (root / "papers" / "paper_scale" / "tiny").symlink_to(tmp_path / "loop")
+    with pytest.raises(SystemExit) as e:
+        module.store("tiny", results, root)
+    assert "link" in str(e.value.code) and not (tmp_path / "nowhere").exists()
+
+
+# ================================================================================ (4) NUL bytes in paths from files
+@pytest.mark.parametrize("cmd", [["list"], ["params", "tiny"], ["run", "tiny"]])
+def test_a_notebook_field_with_a_nul_byte_is_one_line(tmp_path, cmd):  # held
+    root = root_copy(tmp_path, lambda t: t.replace("notebook: notebooks/tiny.ipynb",
+                                                   'notebook: "notebooks/tiny.ipynb\\0x"'))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *cmd])
+    assert "Traceback" not in err and "raised" not in str(rc) and "\0" not in out + err, (rc, err)
+    assert "notebook" in out + err
+
+
+@pytest.mark.parametrize("cmd", [["list"], ["report"]])
+def test_result_paths_with_a_nul_byte_are_not_a_crash(tmp_path, cmd):  # held
+    result = {**RESULT, "figures": ["tiny-smoke/a\u0000.png"], "figure_data": ["x\u0000"], "notebook": "a\u0000",
+              "outputs": ["a\u0000b"]}
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(result)})
+    rc, out, err = cli(["--root", root, "--results", results, *cmd])
+    _no_traceback(rc, err)
+
+
+# ================================================================================ (4)/(new code) expectations
+@F_(7, "an expectation multiplies a list metric by an integer metric ('== n * m', n = [0], m = 10**17): it builds the "
+       "list (MemoryError) instead of refusing arithmetic on a non-number")
+def test_an_expectation_cannot_repeat_a_list_by_a_metric():
+    from fedlab_nb.repro.expect import MetricError, parse_expectation
+    with pytest.raises(MetricError):
+        parse_expectation("== n * m").holds(1.0, {"n": [0], "m": 10 ** 17})
+
+
+@pytest.mark.parametrize("text,metrics", [('> "abc"', {}), ('between "a" and "b"', {}), ("> n", {"n": "abc"}),
+                                          ("> n", {"n": {"a": 1}}), ("within 0.1 of n", {"n": "x"})],
+                         ids=["above text", "between texts", "above a text metric", "above a mapping",
+                              "within of text"])
+def test_expectations_comparing_numbers_with_text_are_metric_errors(text, metrics):  # held
+    from fedlab_nb.repro.expect import MetricError, parse_expectation
+    try:
+        expect = parse_expectation(text)
+    except ValueError:
+        return  # refused when read: fine
+    with pytest.raises(MetricError):
+        expect.holds(1.0, metrics)
+
+
+# ================================================================================ (5) a notebook error's text
+def test_a_notebook_error_full_of_control_characters_is_printed_clean(tmp_path):  # held (runs the tiny notebook)
+    root = root_copy(tmp_path)
+    path = root / "notebooks" / "tiny.ipynb"
+    nb = json.loads(path.read_text())
+    nb["cells"][2]["source"] = 'raise RuntimeError("bad\\x1b]0;pwned\\x07 \\u202e\\x9b31m \\r\\n second line")'
+    path.write_text(json.dumps(nb))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "reproduce", "tiny", "-j", "1"])
+    assert rc == 1 and "pwned" in err and _clean(out + err), (rc, repr(out + err))
+    for cmd in (["list"], ["report"]):
+        rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *cmd])
+        assert rc == 0 and _clean(out + err), (cmd, repr(out + err))
+    for name in ("REPORT.md", "index.html"):
+        assert _clean((tmp_path / "res" / name).read_text()), name
+
+
+# ================================================================================ (6) Flower and secure aggregation
+@pytest.mark.parametrize("delta", [np.full((650, 1), 0.01, np.float32), np.full(650, 0.01, np.float16),
+                                   np.zeros(0, np.float32)], ids=["a column", "float16", "empty"])
+def test_flower_reply_deltas_of_odd_shape_or_dtype_are_refused_naming_the_client(fed10, delta):  # held
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    assert s.theta.numel() == 650
+    before = s.theta.clone()
+    with pytest.raises(ValueError, match="client 0"):
+        s.aggregate_train(1, [flower_reply(s, 0, delta), flower_reply(s, 1)])
+    assert torch.equal(s.theta, before)
+
+
+@pytest.mark.parametrize("sizes", [np.array([20.5, 20, 20]), np.array([2 ** 62, 20, 20])], ids=["fraction", "2^62"])
+def test_secagg_client_sizes_as_numpy_arrays_are_checked(sizes):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import with_secure_aggregation
+    fed = fl.federate("digits", "iid", n_clients=3, seed=0)
+    with pytest.raises(ValueError, match="client_sizes|bits"):
+        method = with_secure_aggregation(fl.get_method("fedavg"), client_sizes=sizes)
+        fl.simulate(method, fed, "logreg", rounds=1, progress=False, seed=0)
+
+
+# ================================================================================ (7) other write errors
+def _failing_writes(monkeypatch, number):
+    import tempfile
+
+    def fail(*a, **k):
+        raise OSError(number, os.strerror(number))
+    monkeypatch.setattr(tempfile, "mkstemp", fail)
+
+
+def test_a_permission_error_without_eacces_is_one_line(tmp_path, monkeypatch):  # held (EPERM: chattr +i, a mount)
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
+    _failing_writes(monkeypatch, 1)
+    rc, out, err = cli(["--root", root, "--results", results, "report"])
+    one_line_error(rc, err)
+
+
+@pytest.mark.parametrize("number", [27, 116, 24], ids=["EFBIG", "ESTALE", "EMFILE"])
+@F_(8, "a write error other than ENOSPC / EDQUOT / EROFS / EIO / EACCES / EPERM (a file-size limit, a stale NFS "
+        "handle, too many open files) is a bare OSError traceback")
+def test_other_write_errors_are_one_line(tmp_path, monkeypatch, number):
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
+    _failing_writes(monkeypatch, number)
+    rc, out, err = cli(["--root", root, "--results", results, "report"])
+    assert "raised" not in str(rc), rc
+    one_line_error(rc, err)
+
+
+# ================================================================================ (7)/(8) lock files of hostile shape
+@pytest.mark.parametrize("data", [b"[" * 100000 + b"]" * 100000, b"\xff\xfe{\x00", b"[1, 2]",
+                                  b'{"pid": ' + b"9" * 5000 + b"}", b'{"host": "' + b"a" * (20 << 20) + b'"}'],
+                         ids=["deep", "non-UTF-8", "a list", "a 5000-digit pid", "20 MB"])
+def test_a_held_lock_of_hostile_shape_is_one_short_line(tmp_path, data):  # held
+    import subprocess
+    import sys
+    root, results = _results(tmp_path)
+    (results / "tiny.lock").write_bytes(data)
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(results / "tiny.lock")], stdout=subprocess.PIPE)
+    holder.stdout.readline()
+    try:
+        rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "-j", "1"])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rc == 1 and "another run" in out + err and len(out + err) < 2000, (rc, (out + err)[:300])
+    assert (results / "tiny.lock").read_bytes()[:20] == data[:20]
+
+
+# ================================================================================ (8) checkpoints of odd content
+@pytest.mark.parametrize("data", [b"", b"PK\x03\x04garbage", b"{}"], ids=["empty", "a broken zip", "JSON"])
+def test_resume_from_a_corrupt_checkpoint_is_a_named_error(tmp_path, data):  # held
+    from fedlab_nb.engine.checkpoint import CheckpointError
+    (tmp_path / "c.pt").write_bytes(data)
+    fed = fl.federate("digits", "iid", n_clients=3, seed=0)
+    with pytest.raises(CheckpointError, match="c.pt"):
+        fl.simulate("fedavg", fed, rounds=2, seed=0, checkpoint=tmp_path / "c.pt", resume=True, **RUN)
