@@ -120,7 +120,7 @@ def test_label_dp_bag_responses_with_odd_real_responses_release_finite_means(y):
     assert np.isfinite(A.dp_bag_responses(y, A.random_bags(20, 4, rng), 1.0, 1.0, rng)).all()
 
 
-# ================================================================================ (new code) History's metadata and summary
+# ========================================================================= (new code) History metadata and summary
 @F_(4, "History.save('run') and History.save('run.csv') share run.json: the second save replaces the first's metadata")
 def test_history_saves_to_a_name_and_its_csv_keep_their_own_metadata(tmp_path):
     fed = fl.federate("digits", "iid", n_clients=3, seed=0)
@@ -359,3 +359,178 @@ def test_resume_from_a_corrupt_checkpoint_is_a_named_error(tmp_path, data):  # h
     fed = fl.federate("digits", "iid", n_clients=3, seed=0)
     with pytest.raises(CheckpointError, match="c.pt"):
         fl.simulate("fedavg", fed, rounds=2, seed=0, checkpoint=tmp_path / "c.pt", resume=True, **RUN)
+
+
+# ================================================================================ batch 2: (8) data fetch's archive
+@pytest.mark.parametrize("case", ["not an archive", "a member outside the folder"])
+@F_(9, "data fetch cifar10 --dir D with a corrupt or hostile cifar-10-python.tar.gz already in D is a bare tarfile "
+       "traceback (ReadError / OutsideDestinationError), not one line naming the archive")
+def test_data_fetch_with_a_bad_archive_in_place_is_one_line(tmp_path, case):
+    import io
+    import tarfile
+    folder = tmp_path / "d"
+    folder.mkdir()
+    archive = folder / "cifar-10-python.tar.gz"
+    if case == "not an archive":
+        archive.write_bytes(b"not a tar")
+    else:
+        with tarfile.open(archive, "w:gz") as tar:
+            info = tarfile.TarInfo("../escape.txt")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    rc, out, err = cli(["--root", root_copy(tmp_path), "data", "fetch", "cifar10", "--dir", folder])
+    assert not (tmp_path / "escape.txt").exists()
+    assert "raised" not in str(rc), rc
+    one_line_error(rc, err)
+
+
+@pytest.mark.parametrize("case", ["the archive a folder", "--dir a file"])
+def test_data_fetch_with_a_folder_or_file_in_the_way_is_one_line(tmp_path, case):  # held
+    target = tmp_path / "d"
+    if case == "the archive a folder":
+        (target / "cifar-10-python.tar.gz").mkdir(parents=True)
+        name = "cifar10"
+    else:
+        target.write_text("x")
+        name = "mnist"
+    rc, out, err = cli(["--root", root_copy(tmp_path), "data", "fetch", name, "--dir", target])
+    one_line_error(rc, err)
+
+
+# ================================================================================ (new code) the loss check's rows
+@F_(10, "the custom-loss check looks at 64 fixed rows: an ignore_index class that sits only between them is accepted "
+        "(test_loss then divides by rows the loss ignores) while the same labels shifted by one row are refused")
+def test_an_ignore_index_loss_is_judged_the_same_when_its_labels_shift_by_one_row():
+    import torch.nn.functional as F
+
+    from fedlab_nb.data.federated import FederatedDataset
+    from fedlab_nb.engine.server import _spread
+
+    def ignoring(outputs, y, reduction="mean"):
+        return F.cross_entropy(outputs, y, ignore_index=0, reduction=reduction)
+    rng = np.random.default_rng(0)
+    n = 200
+    x = rng.normal(size=(n, 5)).astype(np.float32)
+    looked_at = set(_spread(n, 64).tolist())
+    y = np.array([1 + i % 2 if i in looked_at else 0 for i in range(n)])  # class 0 (ignored) between the checked rows
+    clients = [(rng.normal(size=(20, 5)).astype(np.float32), rng.integers(0, 3, 20)) for _ in range(3)]
+    outcomes = []
+    for labels in (y, np.roll(y, 1)):
+        fed = FederatedDataset.from_clients(clients, test=(x, labels))
+        try:
+            fl.simulate("fedavg", fed, "logreg", loss=ignoring, rounds=1, batch_size=8, progress=False, seed=0)
+            outcomes.append("ran")
+        except ValueError:
+            outcomes.append("refused")
+    assert outcomes[0] == outcomes[1], outcomes
+
+
+# ================================================================================ (8) history's sidecar a folder
+@F_(11, "history with the sidecar h.json a folder says 'cannot read h.csv as a History: [Errno 21] Is a directory: 3' "
+        "(names the CSV and a file descriptor, not the sidecar and its fix); History.load raises IsADirectoryError")
+def test_history_with_the_sidecar_a_folder_names_the_sidecar(tmp_path):
+    (tmp_path / "h.csv").write_text("round,test_acc\n1,0.5\n")
+    (tmp_path / "h.json").mkdir()
+    rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
+    one_line_error(rc, err)
+    assert "h.json" in err, err
+
+
+# ================================================================================ (7) results a FIFO or a device
+@pytest.mark.parametrize("cmd", [["list"], ["report"], ["run", "tiny"], ["lab", "--dry-run"]])
+@pytest.mark.parametrize("kind", ["FIFO", "/dev/null"])
+def test_a_results_path_that_is_a_fifo_or_a_device_is_one_line(tmp_path, cmd, kind):  # held
+    results = tmp_path / "fifo"
+    if kind == "FIFO":
+        os.mkfifo(results)
+    else:
+        results = "/dev/null"
+    rc, out, err = cli(["--root", root_copy(tmp_path), "--results", results, *cmd])
+    one_line_error(rc, err)
+
+
+def test_the_results_flag_wins_over_the_environment(tmp_path, monkeypatch):  # held
+    root = root_copy(tmp_path)
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "tiny-smoke.json").write_text(json.dumps(RESULT))
+    monkeypatch.setenv("FEDLAB_NB_RESULTS", str(tmp_path / "a"))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "b", "report"])
+    assert rc == 0 and (tmp_path / "b" / "REPORT.md").is_file() and not list((tmp_path / "a").iterdir())
+
+
+# ================================================================================ (8) claims files: encoding, size
+@pytest.mark.parametrize("cmd", [["list"], ["params", "tiny"]])
+def test_a_utf16_claims_file_is_one_line(tmp_path, cmd):  # held
+    root = root_copy(tmp_path)
+    path = root / "papers" / "tiny.yaml"
+    path.write_bytes(path.read_text().encode("utf-16"))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *cmd])
+    assert rc == 1 and "UTF-8" in out + err and "Traceback" not in err, (rc, err)
+
+
+@pytest.mark.parametrize("digits", [5000, 400000])
+@pytest.mark.parametrize("cmd", [["list"], ["params", "tiny"], ["run", "tiny"]])
+def test_a_scale_parameter_of_thousands_of_digits_is_one_line(tmp_path, cmd, digits):  # held
+    root = root_copy(tmp_path, lambda t: t.replace("{n_points: 4}", "{n_points: %s}" % ("9" * digits)))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *cmd])
+    assert rc == 1 and "digits" in out + err and "Traceback" not in err and len(out + err) < 2000, (rc, err[:300])
+
+
+@pytest.mark.parametrize("cmd", [["params", "tiny"], ["run", "tiny"]])
+def test_a_notebook_field_naming_a_folder_is_one_line(tmp_path, cmd):  # held
+    root = root_copy(tmp_path, lambda t: t.replace("notebook: notebooks/tiny.ipynb", "notebook: notebooks"))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *cmd])
+    one_line_error(rc, err)
+
+
+@pytest.mark.parametrize("value", [".NaN", "[1, .inf]", "{a: .nan}"])
+def test_p_values_not_finite_in_other_yaml_forms_are_refused_before_a_kernel(tmp_path, value):  # held
+    rc, out, err = cli(["--root", root_copy(tmp_path), "--results", tmp_path / "res", "run", "tiny", "-p", "value",
+                        value])
+    one_line_error(rc, err)
+    assert not list(tmp_path.rglob("*.ipynb.*")) and not (tmp_path / "res" / "runs").exists()
+
+
+# ================================================================================ (6) the survivors a server sends
+@pytest.mark.parametrize("edit", ["this client left out", "one user repeated", "reversed", "another user left out"])
+def test_secagg_a_survivor_list_edited_for_one_client_aborts_or_sums_exactly(edit):  # held
+    from test_probe42k import _secagg_round
+
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort
+
+    def change(at, m):
+        if at != "survivors":
+            return m
+        width = len(m) // 4
+        recs = [m[i:i + width] for i in range(0, len(m), width)]
+        recs = {"this client left out": recs[1:], "one user repeated": recs + [recs[1]], "reversed": recs[::-1],
+                "another user left out": [recs[0], recs[1], recs[3]]}[edit]
+        return b"".join(recs)
+    try:
+        x, total = _secagg_round(tamper_server=change)
+    except SecAggAbort:
+        return
+    assert np.array_equal(total, x.sum(0).astype(np.uint64))
+
+
+# ================================================================================ (new code) store: special files
+@pytest.mark.parametrize("case", ["the figures folder a FIFO", "the JSON a FIFO", "the JSON a dangling link"])
+def test_store_with_special_files_in_the_store_never_blocks_or_writes_through(tmp_path, case):  # held
+    module = script(REPO / "scripts" / "paper_scale.py")
+    root, results = _to_store(tmp_path)
+    store = root / "papers" / "paper_scale"
+    store.mkdir()
+    if case == "the figures folder a FIFO":
+        os.mkfifo(store / "tiny")
+    elif case == "the JSON a FIFO":
+        os.mkfifo(store / "tiny.json")
+    else:
+        (store / "tiny.json").symlink_to(tmp_path / "victim.json")
+    try:
+        module.store("tiny", results, root)
+    except SystemExit as e:
+        assert isinstance(e.code, str)
+        assert not (tmp_path / "victim.json").exists()
+        return
+    assert json.loads((store / "tiny.json").read_text())["scale"] == "paper"
+    assert not (tmp_path / "victim.json").exists()
