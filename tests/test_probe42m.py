@@ -534,3 +534,86 @@ def test_store_with_special_files_in_the_store_never_blocks_or_writes_through(tm
         return
     assert json.loads((store / "tiny.json").read_text())["scale"] == "paper"
     assert not (tmp_path / "victim.json").exists()
+
+
+# ================================================================================ batch 3: (1) the accountant
+@pytest.mark.parametrize("kw", [dict(accountant="rdp"), dict(accountant="pld"),
+                                dict(sampling="fixed", sampling_rate=0.3), dict(adaptive=True, clip_count_stddev=1.0)],
+                         ids=["rdp", "pld", "fixed", "adaptive"])
+def test_dp_history_epsilon_equals_the_accountant_for_every_round(fed10, kw):  # held
+    from fedlab_nb.methods.privacy.dp import central_epsilon
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    settings = {**dict(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.2), **kw}
+    method, sampler = dp_fedavg_with_sampler(fed10, **settings)
+    h, _ = trace(method, fed10, sampler, 5)
+    want = [central_epsilon(settings["sampling_rate"], 1.0, t, 1e-5, accountant=settings.get("accountant", "rdp"),
+                            sampling=settings.get("sampling", "poisson")) for t in range(1, 6)]
+    assert np.allclose(h["epsilon"], want, rtol=1e-9), (list(h["epsilon"]), want)
+
+
+def test_local_dp_epsilon_follows_the_most_sampled_client(fed10):  # held
+    from fedlab_nb.engine.sampling import UniformSampler
+    from fedlab_nb.methods.privacy.dp import local_epsilon
+    from fedlab_nb.methods.privacy.dp_fedavg import local_dp_fedavg
+    seen, inner = [], UniformSampler(3)
+
+    def sampler(r, k, g):
+        ids = inner(r, k, g)
+        seen.append(np.asarray(ids).copy())
+        return ids
+    h, _ = trace(local_dp_fedavg(noise_multiplier=1.0, clip_norm=0.5), fed10, sampler, 6)
+    counts, want = np.zeros(10, int), []
+    for ids in seen:
+        counts[ids] += 1
+        want.append(local_epsilon(1.0, int(counts.max()), 1e-5))
+    assert np.allclose(h["epsilon"], want), (list(h["epsilon"]), want)
+
+
+# ================================================================================ (4) parameter names as code
+def test_a_scale_parameter_name_holding_code_is_refused_before_a_kernel(tmp_path):  # held
+    root = root_copy(tmp_path, lambda t: t.replace("{n_points: 4}",
+                                                   '{n_points: 4, "value = 1\\nprint(\'PWNED\')\\nx": 1}'))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "run", "tiny"])
+    one_line_error(rc, err)
+    assert "PWNED" not in out and not (tmp_path / "res" / "runs").exists()
+
+
+@pytest.mark.parametrize("name", ["value\nimport os", "__builtins__", "value=1;x"])
+def test_p_names_that_are_not_notebook_parameters_are_refused(tmp_path, name):  # held
+    rc, out, err = cli(["--root", root_copy(tmp_path), "--results", tmp_path / "res", "run", "tiny", "-p", name, "1"])
+    one_line_error(rc, err)
+    assert not (tmp_path / "res" / "runs").exists()
+
+
+# ================================================================================ (3) the run folder taken
+@pytest.mark.parametrize("case", ["a file", "a link", "a FIFO"])
+def test_run_with_its_folder_taken_is_refused_before_a_kernel(tmp_path, case):  # held
+    from fedlab_nb.repro import runner
+    from fedlab_nb.repro.claims import load_paper
+    root, results = root_copy(tmp_path), tmp_path / "res"
+    params, _ = runner.build_parameters(load_paper("tiny", root), "smoke", {}, None)
+    folder = runner.run_folder("tiny", "smoke", params, results)
+    folder.parent.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    {"a file": lambda: folder.write_text("x"), "a link": lambda: folder.symlink_to(victim),
+     "a FIFO": lambda: os.mkfifo(folder)}[case]()
+    rc, out, err = cli(["--root", root, "--results", results, "run", "tiny"])
+    one_line_error(rc, err)
+    assert sorted(p.name for p in victim.iterdir()) == ["keep"] and "running" not in err
+
+
+# ================================================================================ (8) a corrupt stored result
+@pytest.mark.parametrize("data", [b"[" * 100000 + b"]" * 100000, b"\xff\xfe\x00{",
+                                  b'{"paper": "tiny", "scale": 1e999}',
+                                  b'{"paper": "tiny", "scale": "paper", "claims": "x", "metrics": [1]}'],
+                         ids=["deep", "non-UTF-8", "a scale beyond double", "claims a string"])
+@pytest.mark.parametrize("cmd", [["list"], ["report"]])
+def test_a_corrupt_stored_paper_scale_result_breaks_nothing(tmp_path, data, cmd):  # held
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
+    (root / "papers" / "paper_scale").mkdir()
+    (root / "papers" / "paper_scale" / "tiny.json").write_bytes(data)
+    rc, out, err = cli(["--root", root, "--results", results, *cmd])
+    _no_traceback(rc, err)
+    assert "tiny" in (out if cmd == ["list"] else (results / "REPORT.md").read_text())
