@@ -617,3 +617,86 @@ def test_a_corrupt_stored_paper_scale_result_breaks_nothing(tmp_path, data, cmd)
     rc, out, err = cli(["--root", root, "--results", results, *cmd])
     _no_traceback(rc, err)
     assert "tiny" in (out if cmd == ["list"] else (results / "REPORT.md").read_text())
+
+
+# ================================================================================ batch 4: (7) publish part-way
+def _published(tmp_path):
+    tmp, out = tmp_path / "tmp", tmp_path / "out"
+    for folder, text in ((tmp, "new"), (out, "old")):
+        (folder / "tiny-smoke").mkdir(parents=True)
+        (folder / "tiny-smoke" / f"{text}.png").write_text(text)
+        (folder / "tiny-smoke.json").write_text(text)
+    (tmp / "tiny-smoke.ipynb").write_text("new")
+    return tmp, out
+
+
+@pytest.mark.parametrize("case", ["a folder where the notebook goes", "interrupted before the notebook"])
+@F_(12, "publish moves the new figures folder in (deleting the old one) before it checks or moves the notebook and "
+        "the JSON: a folder at results/tiny-smoke.ipynb (reproduce refuses after the run) or an interrupt there leaves "
+        "the OLD result listed with the NEW run's figures, its own figures deleted")
+def test_publish_stopped_part_way_keeps_the_old_result_with_its_figures(tmp_path, monkeypatch, case):
+    from fedlab_nb.repro.files import UnsafePathError, publish
+    tmp, out = _published(tmp_path)
+    if case == "a folder where the notebook goes":
+        (out / "tiny-smoke.ipynb").mkdir()
+        stop = UnsafePathError
+    else:
+        (out / "tiny-smoke.ipynb").write_text("old")
+        real, calls = os.replace, []
+
+        def replace(a, b):
+            calls.append(b)
+            if len(calls) == 2:  # the notebook's move, after the figures folder's
+                raise KeyboardInterrupt
+            return real(a, b)
+        monkeypatch.setattr(os, "replace", replace)
+        stop = KeyboardInterrupt
+    with pytest.raises(stop):
+        publish(tmp, out, ["tiny-smoke", "tiny-smoke.ipynb", "tiny-smoke.json"])
+    monkeypatch.undo()
+    json_text = (out / "tiny-smoke.json").read_text()
+    figures = sorted(p.name for p in (out / "tiny-smoke").iterdir())
+    assert (json_text, figures) in (("old", ["old.png"]), ("new", ["new.png"])), (json_text, figures)
+
+
+# ================================================================================ (5) HTML from result fields
+def test_the_board_escapes_html_in_every_result_field(tmp_path):  # held
+    evil = "x' onmouseover='alert(1)\" onclick=\"alert(2)<script>alert(3)<\\script>`${alert(4)}"
+    claim = {"id": evil, "verdict": evil, "expect": evil, "role": "headline", "text": evil, "metric": evil,
+             "reason": evil, "note": evil, "paper_value": evil, "ours": evil, "setting": {"paper": evil, "ours": evil}}
+    result = {**RESULT, "verdict": evil, "metrics": {"value": evil, evil: 1}, "claims": [claim],
+              "citation": {"title": evil, "url": "javascript:alert(5)", "authors": evil},
+              "figures": [f"tiny-smoke/{evil}.png"], "notebook": evil, "error": {"ename": evil, "evalue": evil}}
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(result)})
+    (results / "tiny-smoke").mkdir()
+    (results / "tiny-smoke" / f"{evil}.png").write_bytes(PNG)
+    rc, out, err = cli(["--root", root, "--results", results, "report"])
+    html = (results / "index.html").read_text()
+    assert rc == 0 and "onmouseover='" not in html and '"alert' not in html and "<script>alert" not in html
+    assert "javascript:" not in html
+
+
+@pytest.mark.parametrize("url", ["javascript:alert(1)", "https://x/' onmouseover='alert(1)",
+                                 'http://x/"><script>alert(1)</script>'])
+def test_a_claims_file_url_never_becomes_script(tmp_path, url):  # held
+    root = root_copy(tmp_path, lambda t: t.replace("url: null", "url: %s" % json.dumps(url)))
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "tiny-smoke.json").write_text(json.dumps(RESULT))
+    rc, out, err = cli(["--root", root, "--results", results, "report"])
+    html = (results / "index.html").read_text()
+    assert rc == 0 and "javascript:" not in html and "onmouseover='" not in html and "<script>alert" not in html
+
+
+# ================================================================================ (2) figures update from a sub-folder
+def test_figures_update_with_a_relative_root_writes_into_the_root(tmp_path, monkeypatch):  # held
+    root = root_copy(tmp_path)
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "main.data.json").write_text(json.dumps({"figure": "main", "series": [{"key": "a", "kind": "line",
+                                                                                   "values": [1.0, 2.0]}]}))
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    rc, out, err = cli(["--root", "../root", "figures", "update", "tiny", "--from", "../good"])
+    assert rc == 0 and (root / "papers" / "figures" / "tiny.json").is_file(), (rc, err)
+    assert not (tmp_path / "sub" / "papers").exists()
