@@ -700,3 +700,40 @@ def test_figures_update_with_a_relative_root_writes_into_the_root(tmp_path, monk
     rc, out, err = cli(["--root", "../root", "figures", "update", "tiny", "--from", "../good"])
     assert rc == 0 and (root / "papers" / "figures" / "tiny.json").is_file(), (rc, err)
     assert not (tmp_path / "sub" / "papers").exists()
+
+
+# ================================================================================ batch 5: (6) Flower reply identity
+@pytest.mark.parametrize("cid", [0.0, "0", True, -0.0, 2 ** 70, float("nan"), 0.5, None, [0]])
+def test_flower_client_id_variants_are_refused_naming_the_node(fed10, cid):  # held
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    before = s.theta.clone()
+    reply = flower_reply(s, 0)
+    reply.content["metrics"]["client-id"] = cid
+    with pytest.raises(ValueError, match="client 0"):
+        s.aggregate_train(1, [reply, flower_reply(s, 1)])
+    assert torch.equal(s.theta, before)
+
+
+@pytest.mark.parametrize("key", ["num-examples", "client-id", "steps", "train-loss", "bytes-up"])
+def test_flower_reply_missing_a_metric_is_refused_naming_the_client(fed10, key):  # held
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    reply = flower_reply(s, 0)
+    del reply.content["metrics"][key]
+    with pytest.raises(ValueError, match="client 0"):
+        s.aggregate_train(1, [reply, flower_reply(s, 1)])
+
+
+# ================================================================================ (5)/(8) a name not UTF-8
+@F_(13, "list's stale-result warning for results/tiny-sm\\xffoke.json (a name that is not UTF-8) drops the bad "
+        "byte and names results/tiny-smoke.json, another file (perhaps the good result), with a fix that does not "
+        "replace it")
+def test_a_stale_result_whose_name_is_not_utf8_is_named_unambiguously(tmp_path):
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
+    with open(os.path.join(os.fsencode(results), b"tiny-sm\xffoke.json"), "w") as f:
+        f.write("{}")
+    rc, out, err = cli(["--root", root, "--results", results, "list"])
+    assert rc == 0 and "Traceback" not in err
+    warned = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warned and all(f"{results / 'tiny-smoke.json'} " not in line for line in warned), warned
