@@ -737,3 +737,69 @@ def test_a_stale_result_whose_name_is_not_utf8_is_named_unambiguously(tmp_path):
     assert rc == 0 and "Traceback" not in err
     warned = [line for line in err.splitlines() if line.startswith("warning:")]
     assert warned and all(f"{results / 'tiny-smoke.json'} " not in line for line in warned), warned
+
+
+# ================================================================================ batch 6: (1) the other DP mechanisms
+@F_(14, "locational_dp at epsilon >= ~710: grr_probabilities gives p = NaN (exp overflows) and randomized_response "
+        "then flips EVERY value (rand < NaN is never true): for k = 2 the release is exactly 1 - x, not RR at epsilon")
+def test_randomized_response_at_a_huge_epsilon_is_refused_or_keeps_values():
+    from fedlab_nb.methods.beyond import locational_dp as L
+    rng = np.random.default_rng(0)
+    x = np.array([0, 1] * 50)
+    try:
+        out = L.randomized_response(x, 2, 800.0, rng)
+    except ValueError:
+        return
+    assert np.isfinite(L.grr_probabilities(800.0, 2)).all() and (out == x).mean() > 0.99
+
+
+@pytest.mark.parametrize("kw", [dict(bound=float("inf")), dict(sigma=float("nan")), dict(sigma=0.0),
+                                dict(bound=-1.0)], ids=["bound inf", "sigma NaN", "sigma 0", "bound negative"])
+@F_(15, "locational_dp.private_region_means checks neither bound nor sigma: bound = inf releases unclipped values "
+        "(a value of 5000 moves its region's mean by 2500 under sigma 0.1), sigma = 0 the exact means, sigma = NaN "
+        "all NaN, a negative bound a constant")
+def test_private_region_means_refuses_settings_that_void_the_guarantee(kw):
+    from fedlab_nb.methods.beyond import locational_dp as L
+    rng = np.random.default_rng(0)
+    args = {"bound": 1.0, "sigma": 0.1, **kw}
+    with pytest.raises(ValueError, match="bound|sigma"):
+        L.private_region_means(np.array([0, 0, 1, 1]), np.array([0.2, 0.9, 5000.0, 0.4]), 2, rng=rng, **args)
+
+
+@pytest.mark.parametrize("call", ["classic radius -1", "classic delta 2", "classic m 0", "locational sensitivity inf",
+                                  "locational delta text"])
+@F_(16, "Gaussian calibrations check little: dp_robust.classic_sigma(radius=-1) is a negative sigma, delta=2 a bare "
+        "math domain error, m=0 a ZeroDivisionError; locational_dp.gaussian_sigma(sensitivity=inf) a bare brentq "
+        "error, delta='1e-5' a bare TypeError")
+def test_gaussian_calibrations_refuse_bad_arguments_naming_them(call):
+    from fedlab_nb.methods.beyond import locational_dp as L
+    from fedlab_nb.methods.more import dp_robust as R
+    run = {"classic radius -1": lambda: R.classic_sigma(-1.0, 5, 0.5, 1e-5),
+           "classic delta 2": lambda: R.classic_sigma(1.0, 5, 0.5, 2.0),
+           "classic m 0": lambda: R.classic_sigma(1.0, 0, 0.5, 1e-5),
+           "locational sensitivity inf": lambda: L.gaussian_sigma(1.0, 1e-5, float("inf")),
+           "locational delta text": lambda: L.gaussian_sigma(1.0, "1e-5", 1.0)}[call]
+    with pytest.raises(ValueError, match="radius|delta|m |m=|sensitivity"):
+        run()
+
+
+@pytest.mark.parametrize("call", ["noisy_argmax of -1", "region shares of 0.7 and 1.2"])
+@F_(17, "locational_dp takes out-of-range inputs silently: noisy_argmax reads value -1 as category k-1 (numpy's "
+        "negative index), private_region_shares truncates bits 0.7 / 1.2 to 0 / 1")
+def test_locational_dp_mechanisms_refuse_out_of_range_inputs(call):
+    from fedlab_nb.methods.beyond import locational_dp as L
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError):
+        if call == "noisy_argmax of -1":
+            L.noisy_argmax(np.array([-1, 0]), 3, 1.0, rng)
+        else:
+            L.private_region_shares(np.array([0, 0, 1, 1]), np.array([0.7, 1.2, 0.2, 0.9]), 2, 1.0, rng)
+
+
+@pytest.mark.parametrize("kw", [dict(radius=float("inf")), dict(epsilon=float("inf")), dict(delta=0.0)],
+                         ids=["radius inf", "epsilon inf", "delta 0"])
+def test_private_robust_mean_refuses_settings_that_void_the_guarantee(kw):  # held
+    from fedlab_nb.methods.more import dp_robust as R
+    points = torch.randn(7, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError):
+        R.private_robust_mean(points, 1, **{**dict(epsilon=1.0, delta=1e-5, radius=1.0), **kw})
