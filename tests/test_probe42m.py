@@ -803,3 +803,32 @@ def test_private_robust_mean_refuses_settings_that_void_the_guarantee(kw):  # he
     points = torch.randn(7, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError):
         R.private_robust_mean(points, 1, **{**dict(epsilon=1.0, delta=1e-5, radius=1.0), **kw})
+
+
+# ================================================================================ batch 7: (5) the parameters cell
+@pytest.mark.parametrize("line", ['value: "a\x1b[2J\u202eb" = 0.5', "value = 0.5  # c\x1b]0;x\x07", 'value = "\x1b[2J"',
+                                  'value: list["\u2066x"] = [1]'],
+                         ids=["annotation", "comment", "default", "nested annotation"])
+@pytest.mark.parametrize("cmd", [["params", "tiny"], ["lab", "--dry-run"]])
+def test_escapes_in_the_parameters_cell_are_never_printed(tmp_path, line, cmd):  # held
+    root = root_copy(tmp_path)
+    path = root / "notebooks" / "tiny.ipynb"
+    nb = json.loads(path.read_text())
+    nb["cells"][1]["source"] = f'scale = "smoke"\nseed = 0\ndevice = "cpu"\n{line}\nn_points = 3\nfail = False'
+    path.write_text(json.dumps(nb))
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *cmd])
+    assert rc == 0 and _clean(out + err), repr(out + err)
+
+
+# ================================================================================ (2) the options given twice
+@pytest.mark.parametrize("where", ["--results", "--root"])
+def test_an_option_given_before_and_after_the_command_takes_the_later(tmp_path, where):  # held
+    roots = [root_copy(tmp_path / name) for name in ("a", "b")]
+    (roots[1] / "papers" / "tiny.yaml").write_text((roots[1] / "papers" / "tiny.yaml").read_text().replace(
+        'method: "Tiny — harness fixture"', 'method: "the second root"'))
+    if where == "--root":
+        rc, out, err = cli(["--root", roots[0], "list", "--root", roots[1]])
+        assert rc == 0 and "the second root" in out, (rc, out, err)
+    else:
+        rc, out, err = cli(["--root", roots[0], "--results", tmp_path / "r1", "report", "--results", tmp_path / "r2"])
+        assert rc == 0 and (tmp_path / "r2" / "REPORT.md").is_file() and not (tmp_path / "r1").exists()
