@@ -832,3 +832,30 @@ def test_an_option_given_before_and_after_the_command_takes_the_later(tmp_path, 
     else:
         rc, out, err = cli(["--root", roots[0], "--results", tmp_path / "r1", "report", "--results", tmp_path / "r2"])
         assert rc == 0 and (tmp_path / "r2" / "REPORT.md").is_file() and not (tmp_path / "r1").exists()
+
+
+# ================================================================================ batch 8: (1) DP-SGD's clip settings
+@pytest.mark.parametrize("clip", [float("inf"), "2"], ids=["inf", "text"])
+@F_(18, "FedSVD's lora_dp_method(clip_norm=inf, noise_multiplier=1) is accepted: the run then ends in "
+        "NonFiniteUpdateError blaming every client and the learning rate (the noise z*C is infinite); '2' is taken too")
+def test_lora_dp_method_refuses_a_clip_that_is_not_a_finite_number(clip):
+    import torch.nn as nn
+
+    from fedlab_nb.lora import add_lora
+    from fedlab_nb.methods.privacy.fedsvd import lora_dp_method
+    model = add_lora(nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3)), 2, None, None, seed=0)
+    with pytest.raises(ValueError, match="clip_norm"):
+        lora_dp_method(model, "fedsvd", clip_norm=clip, noise_multiplier=1.0)
+
+
+@pytest.mark.parametrize("kw", [dict(clip=float("inf")), dict(noise_multiplier=float("inf")), dict(clip=-1.0),
+                                dict(noise_multiplier=float("nan"))], ids=["clip inf", "noise inf", "clip -1",
+                                                                            "noise NaN"])
+def test_cpa_dp_fc_gradient_refuses_settings_that_void_the_guarantee(kw):  # held
+    import torch.nn as nn
+
+    from fedlab_nb.methods.privacy.cpa import dp_fc_gradient
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    with pytest.raises(ValueError):
+        dp_fc_gradient(model, x, y, **{**dict(clip=1.0, noise_multiplier=1.0), **kw})
