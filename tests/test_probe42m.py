@@ -859,3 +859,33 @@ def test_cpa_dp_fc_gradient_refuses_settings_that_void_the_guarantee(kw):  # hel
     x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
     with pytest.raises(ValueError):
         dp_fc_gradient(model, x, y, **{**dict(clip=1.0, noise_multiplier=1.0), **kw})
+
+
+# ================================================================================ batch 9: (4) size
+@F_(19, "a claims file just under the 1 MB limit, with no alias (a 480,000-item list in a scale's parameters), takes "
+        "22 s to load here (pure-Python SafeLoader, a busy 2-core machine): list, report, reproduce --all pay it")
+def test_a_claims_file_at_the_size_limit_loads_quickly_or_is_refused(tmp_path):
+    import signal
+
+    from fedlab_nb.repro.claims import ReproError, load_claims
+    big = ",".join(["1"] * 480000)
+    root = root_copy(tmp_path, lambda t: t.replace("{n_points: 4}", "{n_points: 4, big: [%s]}" % big))
+    path = root / "papers" / "tiny.yaml"
+    assert path.stat().st_size < 1_000_000
+
+    class TooSlow(BaseException):  # not an OSError (TimeoutError is one): nothing in the loader may catch it
+        pass
+
+    def too_slow(*_):
+        raise TooSlow
+    old = signal.signal(signal.SIGALRM, too_slow)
+    signal.setitimer(signal.ITIMER_REAL, 3.0)
+    try:
+        load_claims(path)
+    except ReproError:
+        pass  # refused as too large or too long a list: fine
+    except TooSlow:
+        pytest.fail("still loading after 3 s")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
