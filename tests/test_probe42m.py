@@ -1,10 +1,12 @@
 """Probe 42m: a thirteenth, independent re-run of issue 42's failure classes, aimed first at what is new since the
 twelfth (label-DP bag responses' type and size checks, History's metadata name, history's privacy line, the
-expectation's text arithmetic, the write-error advice, paper_scale.py store's folder checks) and at variants the
-earlier test_probe42*.py do not try (NUL bytes in paths from files, symbolic-link loops, lock files of hostile size
-and shape, a notebook error full of control characters, other errno values). Each test asserts the correct
-behaviour; a test marked xfail(strict=True) is an open finding (its reason says what is wrong), so the suite stays
-green until it is fixed."""
+expectation's text arithmetic, the write-error advice, paper_scale.py store's folder checks, the loss check's rows)
+and at variants the earlier test_probe42*.py do not try: the package's other DP mechanisms (locational_dp,
+dp_robust, FedSVD's DP-SGD, cpa) and the accountant against every History row, NUL bytes in paths from files,
+symbolic-link loops, lock files of hostile size and shape, a notebook error full of control characters, HTML in
+every result field, publish stopped part-way, data fetch's archive, other errno values and a claims file at the
+size limit. Each test asserts the correct behaviour; a test marked xfail(strict=True) is an open finding (its
+reason says what is wrong), so the suite stays green until it is fixed."""
 import json
 import os
 
@@ -889,3 +891,23 @@ def test_a_claims_file_at_the_size_limit_loads_quickly_or_is_refused(tmp_path):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+# ================================================================================ batch 10: (3) special files
+@pytest.mark.parametrize("name", ["REPORT.md", "index.html"])
+def test_report_replaces_a_fifo_at_the_board_and_never_blocks(tmp_path, name):  # held
+    root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
+    os.mkfifo(results / name)
+    rc, out, err = cli(["--root", root, "--results", results, "report"])
+    assert rc == 0 and (results / name).is_file() and not (results / name).is_fifo(), (rc, err)
+
+
+@pytest.mark.parametrize("name", ["h.csv", "h.json"])
+def test_history_save_replaces_a_fifo_and_never_blocks(tmp_path, name):  # held
+    h = fl.simulate("fedavg", fl.federate("digits", "iid", n_clients=3, seed=0), "logreg", rounds=1, progress=False)
+    os.mkfifo(tmp_path / name)
+    try:
+        h.save(tmp_path / "h.csv")
+    except ValueError:
+        return  # refused, naming the special file: fine
+    assert fl.History.load(tmp_path / "h.csv").meta.get("method") == h.meta.get("method")
