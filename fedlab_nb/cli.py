@@ -186,8 +186,9 @@ def _last_results(results: Path, pid: str) -> dict:
     for path, _, scale in result_files(results, pid):
         data, problem = read_result(path)
         if problem:  # a corrupt result is stale, not fatal
-            print(printable(f"warning: {path} {problem}; treated as stale "  # a file name is text from disk
-                            f"(fedlab-nb reproduce {pid} --scale {scale} replaces it)"), file=sys.stderr)
+            fix = (f"fedlab-nb reproduce {pid} --scale {scale} replaces it" if printable(scale) == scale
+                   else "remove or rename it: no scale has that name")  # a name not UTF-8 or with control codes
+            print(printable(f"warning: {path} {problem}; treated as stale ({fix})"), file=sys.stderr)
             last[scale] = {"verdict": "stale (corrupt result file)", "claims": []}
         elif data["paper"] == pid:
             last[data["scale"]] = data
@@ -603,14 +604,20 @@ COMMANDS = {"list": cmd_list, "run": cmd_run, "params": cmd_params, "reproduce":
 DISK_ERRORS = {errno.ENOSPC: ("the disk is full", "free space there"),  # (what happened, the fix there)
                errno.EDQUOT: ("the disk quota is used up", "free quota there"),
                errno.EROFS: ("the file system is read-only", "use a writable folder"),
-               errno.EIO: ("the disk or mount failed (an I/O error)", "check the disk or network mount")}
+               errno.EIO: ("the disk or mount failed (an I/O error)", "check the disk or network mount"),
+               errno.EFBIG: ("a file grew past the file-size limit", "raise the limit (ulimit -f)"),
+               errno.ESTALE: ("a network mount went stale", "remount it"),
+               errno.EMFILE: ("this process has too many files open", "raise the limit (ulimit -n)"),
+               errno.ENFILE: ("the system has too many files open", "close other programs")}
+OTHER_OS_ERROR = ("the operating system refused a file operation", "check that folder")
 
 
 def disk_error(e: OSError, args) -> str:
     """One line for a write the disk refused: what happened, where, that finished results are kept, the fix."""
     where = e.filename or _results(args, _root(args))
-    what, fix = DISK_ERRORS[e.errno]
-    return (f"{what} ({e.strerror or e}) while writing {where}; results already written are kept as they were: "
+    what, fix = DISK_ERRORS.get(e.errno, OTHER_OS_ERROR)
+    doing = "while writing" if e.errno in DISK_ERRORS else "on"
+    return (f"{what} ({e.strerror or e}) {doing} {where}; results already written are kept as they were: "
             f"{fix}, or give --results a folder on another disk")
 
 
@@ -627,8 +634,6 @@ def main(argv=None) -> int:
             print(f"fedlab-nb {args.command}: error: permission denied on {where}; give --results a folder you can "
                   "read and write, or change its permissions", file=sys.stderr)
             return 1
-        if e.errno not in DISK_ERRORS:
-            raise
         print(f"fedlab-nb {args.command}: error: {printable(disk_error(e, args))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

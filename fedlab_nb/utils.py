@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -50,6 +52,23 @@ def rng(*keys: int) -> np.random.Generator:
     if all(0 <= k < 2**32 for k in keys):  # one uint32 word per key: the same entropy as the list, 2.4x faster
         keys = np.array(keys, dtype=np.uint32)
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(keys)))
+
+
+def check_number(name: str, value, low: float = -math.inf, high: float = math.inf, fix: str = "", *,
+                 closed_low: bool = False) -> float:
+    """A finite real number (Python's or numpy's) with low < value < high (low <= value with closed_low): text,
+    None, a bool, NaN or inf is refused with a ValueError naming `name` (and the fix), never coerced."""
+    fits = (low <= value if closed_low else low < value) if _is_real(value) and math.isfinite(value) else False
+    if not (fits and value < high):
+        bounds = " and ".join(b for b in (f"{'>=' if closed_low else '>'} {low:g}" if low > -math.inf else "",
+                                          f"< {high:g}" if high < math.inf else "") if b)
+        raise ValueError(f"{name} must be a finite number{' ' + bounds if bounds else ''}, got "
+                         f"{type(value).__name__} {value!r:.40}" + (f"; {fix}" if fix else ""))
+    return float(value)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:

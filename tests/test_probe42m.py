@@ -17,7 +17,7 @@ import torch
 import fedlab_nb as fl
 from probes import KW as RUN
 from probes import REPO, cli, fed10, one_line_error, root_copy, script, trace  # noqa: F401 (fed10: a fixture)
-from probes import numbered_finding as F_
+from probes import numbered_finding as F_  # noqa: F401 (a new finding is marked with it)
 
 CONTROL = ("\x1b", "\x07", "\u202e", "\u2066", "\x9b", "\r", "\u2028", "\u200f", "\x85", "\u061c", "\ufeff")
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
@@ -85,8 +85,6 @@ def test_dp_resume_that_asks_for_more_rounds_is_refused_or_accounts_every_round(
 @pytest.mark.parametrize("kw", [dict(epsilon="1"), dict(clip="1"), dict(epsilon=None), dict(epsilon=True),
                                 dict(clip=True)], ids=["epsilon text", "clip text", "epsilon None", "epsilon True",
                                                        "clip True"])
-@F_(1, "dp_bag_responses takes epsilon / clip of the wrong type: text or None is a bare TypeError ('<' not supported), "
-       "True is accepted as 1")
 def test_label_dp_bag_responses_refuse_privacy_parameters_of_the_wrong_type(kw):
     from fedlab_nb.methods.privacy import aggregate_responses as A
     rng = np.random.default_rng(0)
@@ -95,7 +93,6 @@ def test_label_dp_bag_responses_refuse_privacy_parameters_of_the_wrong_type(kw):
         A.dp_bag_responses(rng.normal(size=20), A.random_bags(20, 4, rng), rng=rng, **args)
 
 
-@F_(2, "dp_bag_responses with a subnormal epsilon (1e-320) releases inf / NaN bag means: the Laplace scale overflows")
 def test_label_dp_bag_responses_with_a_subnormal_epsilon_is_refused_or_finite():
     from fedlab_nb.methods.privacy import aggregate_responses as A
     rng = np.random.default_rng(0)
@@ -106,7 +103,6 @@ def test_label_dp_bag_responses_with_a_subnormal_epsilon_is_refused_or_finite():
     assert np.isfinite(out).all(), out
 
 
-@F_(3, "dp_bag_responses(draws=2**40) is a bare numpy MemoryError (40 TiB), not a named limit")
 def test_label_dp_bag_responses_with_an_absurd_number_of_draws_is_a_named_error():
     from fedlab_nb.methods.privacy import aggregate_responses as A
     rng = np.random.default_rng(0)
@@ -123,7 +119,6 @@ def test_label_dp_bag_responses_with_odd_real_responses_release_finite_means(y):
 
 
 # ========================================================================= (new code) History metadata and summary
-@F_(4, "History.save('run') and History.save('run.csv') share run.json: the second save replaces the first's metadata")
 def test_history_saves_to_a_name_and_its_csv_keep_their_own_metadata(tmp_path):
     fed = fl.federate("digits", "iid", n_clients=3, seed=0)
     a = fl.simulate("fedavg", fed, "logreg", rounds=1, lr=0.1, progress=False)
@@ -146,14 +141,12 @@ def test_history_save_refuses_a_link_at_a_dotted_names_metadata(tmp_path):  # he
 
 
 @pytest.mark.parametrize("delta", ["5", "-1"])
-@F_(5, "history prints a dp_delta outside [0, 1) (5, -1) as the run's (epsilon, delta) guarantee")
 def test_history_does_not_report_an_invalid_delta_as_a_guarantee(tmp_path, delta):
     (tmp_path / "h.csv").write_text(f"round,test_acc,epsilon,dp_delta\n1,0.5,1,1e-5\n2,0.6,2,{delta}\n")
     rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
     assert "raised" not in str(rc) and f"delta = {delta}" not in out, (rc, out)
 
 
-@F_(6, "history reports round 1's epsilon as the guarantee 'after 2 rounds' when the last row's epsilon is empty")
 def test_history_does_not_report_an_earlier_epsilon_as_the_final_one(tmp_path):
     (tmp_path / "h.csv").write_text("round,test_acc,epsilon,dp_delta\n1,0.5,1,1e-5\n2,0.6,,1e-5\n")
     rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
@@ -244,8 +237,6 @@ def test_result_paths_with_a_nul_byte_are_not_a_crash(tmp_path, cmd):  # held
 
 
 # ================================================================================ (4)/(new code) expectations
-@F_(7, "an expectation multiplies a list metric by an integer metric ('== n * m', n = [0], m = 10**17): it builds the "
-       "list (MemoryError) instead of refusing arithmetic on a non-number")
 def test_an_expectation_cannot_repeat_a_list_by_a_metric():
     from fedlab_nb.repro.expect import MetricError, parse_expectation
     with pytest.raises(MetricError):
@@ -321,8 +312,6 @@ def test_a_permission_error_without_eacces_is_one_line(tmp_path, monkeypatch):  
 
 
 @pytest.mark.parametrize("number", [27, 116, 24], ids=["EFBIG", "ESTALE", "EMFILE"])
-@F_(8, "a write error other than ENOSPC / EDQUOT / EROFS / EIO / EACCES / EPERM (a file-size limit, a stale NFS "
-        "handle, too many open files) is a bare OSError traceback")
 def test_other_write_errors_are_one_line(tmp_path, monkeypatch, number):
     root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
     _failing_writes(monkeypatch, number)
@@ -365,8 +354,6 @@ def test_resume_from_a_corrupt_checkpoint_is_a_named_error(tmp_path, data):  # h
 
 # ================================================================================ batch 2: (8) data fetch's archive
 @pytest.mark.parametrize("case", ["not an archive", "a member outside the folder"])
-@F_(9, "data fetch cifar10 --dir D with a corrupt or hostile cifar-10-python.tar.gz already in D is a bare tarfile "
-       "traceback (ReadError / OutsideDestinationError), not one line naming the archive")
 def test_data_fetch_with_a_bad_archive_in_place_is_one_line(tmp_path, case):
     import io
     import tarfile
@@ -400,8 +387,6 @@ def test_data_fetch_with_a_folder_or_file_in_the_way_is_one_line(tmp_path, case)
 
 
 # ================================================================================ (new code) the loss check's rows
-@F_(10, "the custom-loss check looks at 64 fixed rows: an ignore_index class that sits only between them is accepted "
-        "(test_loss then divides by rows the loss ignores) while the same labels shifted by one row are refused")
 def test_an_ignore_index_loss_is_judged_the_same_when_its_labels_shift_by_one_row():
     import torch.nn.functional as F
 
@@ -428,8 +413,6 @@ def test_an_ignore_index_loss_is_judged_the_same_when_its_labels_shift_by_one_ro
 
 
 # ================================================================================ (8) history's sidecar a folder
-@F_(11, "history with the sidecar h.json a folder says 'cannot read h.csv as a History: [Errno 21] Is a directory: 3' "
-        "(names the CSV and a file descriptor, not the sidecar and its fix); History.load raises IsADirectoryError")
 def test_history_with_the_sidecar_a_folder_names_the_sidecar(tmp_path):
     (tmp_path / "h.csv").write_text("round,test_acc\n1,0.5\n")
     (tmp_path / "h.json").mkdir()
@@ -633,9 +616,6 @@ def _published(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["a folder where the notebook goes", "interrupted before the notebook"])
-@F_(12, "publish moves the new figures folder in (deleting the old one) before it checks or moves the notebook and "
-        "the JSON: a folder at results/tiny-smoke.ipynb (reproduce refuses after the run) or an interrupt there leaves "
-        "the OLD result listed with the NEW run's figures, its own figures deleted")
 def test_publish_stopped_part_way_keeps_the_old_result_with_its_figures(tmp_path, monkeypatch, case):
     from fedlab_nb.repro.files import UnsafePathError, publish
     tmp, out = _published(tmp_path)
@@ -728,9 +708,6 @@ def test_flower_reply_missing_a_metric_is_refused_naming_the_client(fed10, key):
 
 
 # ================================================================================ (5)/(8) a name not UTF-8
-@F_(13, "list's stale-result warning for results/tiny-sm\\xffoke.json (a name that is not UTF-8) drops the bad "
-        "byte and names results/tiny-smoke.json, another file (perhaps the good result), with a fix that does not "
-        "replace it")
 def test_a_stale_result_whose_name_is_not_utf8_is_named_unambiguously(tmp_path):
     root, results = _results(tmp_path, **{"tiny-smoke.json": json.dumps(RESULT)})
     with open(os.path.join(os.fsencode(results), b"tiny-sm\xffoke.json"), "w") as f:
@@ -742,8 +719,6 @@ def test_a_stale_result_whose_name_is_not_utf8_is_named_unambiguously(tmp_path):
 
 
 # ================================================================================ batch 6: (1) the other DP mechanisms
-@F_(14, "locational_dp at epsilon >= ~710: grr_probabilities gives p = NaN (exp overflows) and randomized_response "
-        "then flips EVERY value (rand < NaN is never true): for k = 2 the release is exactly 1 - x, not RR at epsilon")
 def test_randomized_response_at_a_huge_epsilon_is_refused_or_keeps_values():
     from fedlab_nb.methods.beyond import locational_dp as L
     rng = np.random.default_rng(0)
@@ -757,9 +732,6 @@ def test_randomized_response_at_a_huge_epsilon_is_refused_or_keeps_values():
 
 @pytest.mark.parametrize("kw", [dict(bound=float("inf")), dict(sigma=float("nan")), dict(sigma=0.0),
                                 dict(bound=-1.0)], ids=["bound inf", "sigma NaN", "sigma 0", "bound negative"])
-@F_(15, "locational_dp.private_region_means checks neither bound nor sigma: bound = inf releases unclipped values "
-        "(a value of 5000 moves its region's mean by 2500 under sigma 0.1), sigma = 0 the exact means, sigma = NaN "
-        "all NaN, a negative bound a constant")
 def test_private_region_means_refuses_settings_that_void_the_guarantee(kw):
     from fedlab_nb.methods.beyond import locational_dp as L
     rng = np.random.default_rng(0)
@@ -770,9 +742,6 @@ def test_private_region_means_refuses_settings_that_void_the_guarantee(kw):
 
 @pytest.mark.parametrize("call", ["classic radius -1", "classic delta 2", "classic m 0", "locational sensitivity inf",
                                   "locational delta text"])
-@F_(16, "Gaussian calibrations check little: dp_robust.classic_sigma(radius=-1) is a negative sigma, delta=2 a bare "
-        "math domain error, m=0 a ZeroDivisionError; locational_dp.gaussian_sigma(sensitivity=inf) a bare brentq "
-        "error, delta='1e-5' a bare TypeError")
 def test_gaussian_calibrations_refuse_bad_arguments_naming_them(call):
     from fedlab_nb.methods.beyond import locational_dp as L
     from fedlab_nb.methods.more import dp_robust as R
@@ -786,8 +755,6 @@ def test_gaussian_calibrations_refuse_bad_arguments_naming_them(call):
 
 
 @pytest.mark.parametrize("call", ["noisy_argmax of -1", "region shares of 0.7 and 1.2"])
-@F_(17, "locational_dp takes out-of-range inputs silently: noisy_argmax reads value -1 as category k-1 (numpy's "
-        "negative index), private_region_shares truncates bits 0.7 / 1.2 to 0 / 1")
 def test_locational_dp_mechanisms_refuse_out_of_range_inputs(call):
     from fedlab_nb.methods.beyond import locational_dp as L
     rng = np.random.default_rng(0)
@@ -838,8 +805,6 @@ def test_an_option_given_before_and_after_the_command_takes_the_later(tmp_path, 
 
 # ================================================================================ batch 8: (1) DP-SGD's clip settings
 @pytest.mark.parametrize("clip", [float("inf"), "2"], ids=["inf", "text"])
-@F_(18, "FedSVD's lora_dp_method(clip_norm=inf, noise_multiplier=1) is accepted: the run then ends in "
-        "NonFiniteUpdateError blaming every client and the learning rate (the noise z*C is infinite); '2' is taken too")
 def test_lora_dp_method_refuses_a_clip_that_is_not_a_finite_number(clip):
     import torch.nn as nn
 
@@ -864,8 +829,6 @@ def test_cpa_dp_fc_gradient_refuses_settings_that_void_the_guarantee(kw):  # hel
 
 
 # ================================================================================ batch 9: (4) size
-@F_(19, "a claims file just under the 1 MB limit, with no alias (a 480,000-item list in a scale's parameters), takes "
-        "22 s to load here (pure-Python SafeLoader, a busy 2-core machine): list, report, reproduce --all pay it")
 def test_a_claims_file_at_the_size_limit_loads_quickly_or_is_refused(tmp_path):
     import signal
 

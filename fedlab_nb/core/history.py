@@ -47,11 +47,16 @@ class History(pd.DataFrame):
         return float(vals.iloc[-1])
 
     def privacy(self) -> tuple[float, float] | None:
-        """The final (ε, δ) of a differentially private run (columns `epsilon`, `dp_delta`), else None."""
+        """The final (ε, δ) of a differentially private run (columns `epsilon`, `dp_delta`), else None: the last
+        row's ε (an earlier round's ε does not bound the rounds after it)."""
         if "epsilon" not in self.columns or self["epsilon"].dropna().empty:
             return None
+        epsilon = float(self["epsilon"].iloc[-1])
+        if math.isnan(epsilon):
+            raise ValueError(f"the last round's epsilon is missing (round {len(self)}): an earlier round's epsilon does "
+                             "not bound the rounds after it, so this History states no guarantee")
         delta = self.final("dp_delta") if "dp_delta" in self.columns and not self["dp_delta"].dropna().empty else float("nan")
-        return self.final("epsilon"), delta
+        return epsilon, delta
 
     def summary(self) -> str:
         """A few lines: what ran, the final accuracy, the bytes sent, and (ε, δ) for a private run."""
@@ -75,6 +80,7 @@ class History(pd.DataFrame):
         if path.suffix.lower() == ".json":  # a .json name reads as the metadata's, not the rows'
             raise ValueError(f"History.save({str(path)!r}): the rows are a CSV and the metadata goes beside them as "
                              f"{path.stem}.json; save to {path.with_suffix('.csv').name!r}")
+        _refuse_shared_metadata(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = json.dumps(getattr(self, "meta", {}), indent=1, default=str)
         for target in (path, meta_path(path)):  # refuse a link at either before writing anything
@@ -106,6 +112,8 @@ def _privacy_line(epsilon: float, delta: float, rounds: int) -> str:
         raise ValueError(f"the last epsilon is {epsilon}: not a privacy level (ε >= 0)")
     if epsilon == math.inf:
         return f"  privacy: no finite guarantee (epsilon is infinite) after {rounds} rounds"
+    if not (0 <= delta < 1 or math.isnan(delta)):  # δ >= 1 allows anything; a negative δ is no probability
+        raise ValueError(f"the last dp_delta is {delta}: not a privacy level (0 <= δ < 1)")
     return f"  privacy: (epsilon = {epsilon:.3g}, delta = {delta:.3g}) after {rounds} rounds"
 
 
@@ -113,6 +121,15 @@ def meta_path(path: Path) -> Path:
     """The metadata file of a saved History: run.csv → run.json, run → run.json; a name whose last dot is not an
     extension keeps it (run_lr0.1 → run_lr0.1.json, so run_lr0.05's metadata is another file)."""
     return path.with_suffix(".json") if path.suffix.lower() in ("", ".csv") else path.with_name(path.name + ".json")
+
+
+def _refuse_shared_metadata(path: Path) -> None:
+    """run and run.csv both keep their metadata in run.json: saving one while the other is there would replace
+    the other's metadata."""
+    twins = {path.with_suffix(""), path.with_suffix(".csv"), path.with_suffix(".CSV")} - {path}
+    for twin in (t for t in twins if meta_path(t) == meta_path(path) and t.is_file() and meta_path(t).exists()):
+        raise ValueError(f"{meta_path(path)} holds the metadata of {twin} already; saving {path.name} would "
+                         f"replace it: save to another name, or to {twin.name} to replace that run")
 
 
 def _refuse_link(path: Path) -> None:
@@ -150,9 +167,10 @@ def _read_bounded(path: Path, limit: int, fix: str) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise ValueError(f"{path} cannot be read ({e.strerror or e}); {fix}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # checked before fdopen, which refuses a folder's descriptor
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file (a folder, a FIFO or a device), not History metadata; {fix}")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path} is not a regular file (a FIFO or a device), not History metadata; {fix}")
         raw = f.read(limit + 1)
     if len(raw) > limit:
         raise ValueError(f"{path} is over {limit >> 20} MB, not History metadata; {fix}")

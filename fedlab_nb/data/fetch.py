@@ -38,6 +38,16 @@ def fetch(name: str, root: str | None = None) -> Path:
             urllib.request.urlretrieve(base + f, tmp)
             tmp.replace(target)
         if f.endswith(".tar.gz"):
-            with tarfile.open(target) as tar:
-                tar.extractall(folder, filter="data")
+            _extract(target, folder)
     return folder
+
+
+def _extract(archive: Path, folder: Path) -> None:
+    """Unpack `archive` into `folder`, members outside it refused (tarfile's data filter); a corrupt or hostile
+    archive is a ValueError naming it and the fix."""
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(folder, filter="data")
+    except tarfile.TarError as e:  # ReadError, OutsideDestinationError, ...: not the archive this data set ships
+        raise ValueError(f"{archive} is not a usable archive ({type(e).__name__}: {str(e)[:120]}); delete it and "
+                         "fetch again") from None

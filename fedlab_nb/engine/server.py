@@ -453,9 +453,9 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
     if len(dtypes) > 1:
         raise ValueError(f"the model's parameters mix dtypes {', '.join(dtypes)}: simulate trains them as one flat "
                          "vector of one dtype; convert the model with model.float() (or model.double())")
-    # a custom loss's reductions are compared on 64 rows spread over the test set (a set sorted by label would hide
-    # an ignore_index class from its first rows); otherwise two rows check the outputs
-    rows = _spread(len(fed.x_test), 64) if criterion is not None else slice(0, 2)
+    # a custom loss's reductions are compared on 64 rows spread over the test set and the first row of each class
+    # (an ignore_index class is among them wherever it sits); otherwise two rows check the outputs
+    rows = _loss_check_rows(fed.y_test) if criterion is not None else slice(0, 2)
     was, x = model.training, fed.x_test[rows]
     try:
         out = model.eval()(x)  # eval mode: a BatchNorm's running statistics stay as they are
@@ -492,6 +492,17 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
 def _spread(n: int, k: int) -> torch.Tensor:
     """Up to k row indices spread evenly over 0..n-1."""
     return torch.linspace(0, n - 1, min(k, n)).round().long().unique()
+
+
+def _loss_check_rows(y: torch.Tensor, spread: int = 64, max_classes: int = 1024) -> torch.Tensor:
+    """`spread` rows spread over the test set plus, for class ids, the first row of each class (up to
+    `max_classes`): which classes the check sees does not depend on where their rows sit."""
+    rows = _spread(len(y), spread)
+    if y.dtype.is_floating_point or y.dim() != 1 or not len(y):
+        return rows
+    _, which = torch.unique(y.cpu(), return_inverse=True)
+    first = torch.full((int(which.max()) + 1,), len(y)).scatter_reduce(0, which, torch.arange(len(y)), "amin")
+    return torch.cat([rows, first[:max_classes]]).unique()
 
 
 def _check_reductions(criterion, out: torch.Tensor, y: torch.Tensor) -> None:

@@ -31,6 +31,7 @@ BOUNDED_WORDS = frozenset("acc accuracy auroc auc cos cosine corr correlation sp
                           "probability frac fraction".split())
 MAX_HEADLINES = 3  # a paper's abstract makes one to three claims; more would dilute its verdict
 MAX_CLAIMS_BYTES = 1_000_000  # a claims file is a page of text; a larger one is refused before parsing
+MAX_CLAIMS_NODES = 20_000     # values (scalars, lists, mappings) in one; the largest here holds under 700
 
 ROOT_ENV = "FEDLAB_NB_ROOT"
 _PAPER_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # ASCII only, unlike \w
@@ -435,6 +436,10 @@ class _StrictLoader(yaml.SafeLoader):
     nested aliases expand to gigabytes: an alias bomb)."""
 
     def compose_node(self, parent, index):
+        self.nodes = getattr(self, "nodes", 0) + 1
+        if self.nodes > MAX_CLAIMS_NODES:  # parsing is pure Python: 480,000 values in 1 MB take ~20 s to load
+            raise yaml.MarkedYAMLError(None, None, f"more than {MAX_CLAIMS_NODES:,} values (a claims file holds a "
+                                       "few hundred); keep large data out of it", self.peek_event().start_mark)
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
             raise yaml.MarkedYAMLError(None, None, "aliases (*name) are not allowed in a claims file; write the "

@@ -13,6 +13,7 @@ Names on the right-hand side are other recorded metrics of the same run.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import re
 import sys
@@ -158,10 +159,17 @@ def _value(node, metrics: dict):
     if isinstance(left, (str, bytes)) or isinstance(right, (str, bytes)):  # "ab" * n would build a string of n copies
         raise MetricError(f"the expectation does arithmetic on text ({left!r:.40} {kind} {right!r:.40}); text can "
                           "only be compared with ==")
+    if not (_is_number(left) and _is_number(right)):  # [0] * n builds a list of n items; a dict + 1 is a TypeError
+        raise MetricError(f"the expectation does arithmetic on a non-number ({type(left).__name__} {kind} "
+                          f"{type(right).__name__}); arithmetic takes numbers only: compare a list or mapping with ==")
     out = _ARITH[kind](left, right)
     if isinstance(out, float) and not math.isfinite(out):  # e.g. metric * 1e308: a bound every value meets
         raise MetricError(f"the expectation's arithmetic overflows to {out}")
     return out
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def _check_finite(node, text: str) -> None:

@@ -191,18 +191,44 @@ def staging(out_dir, stem: str):
 
 def publish(folder: Path, out_dir, names) -> None:
     """Move `folder/<name>` to `out_dir/<name>` for each name, in order (put the result file last): a folder
-    replaces the old one (moved into `folder`, deleted with it), a file replaces the old one atomically."""
+    replaces the old one, a file replaces the old one atomically. All or nothing: every name is checked before
+    anything moves, and an error or an interrupt part-way puts the old ones back (the old result never stands
+    beside the new run's figures)."""
     out_dir = Path(out_dir)
     for name in names:
         refuse_link(out_dir / name)
-    for name in names:
-        new, final = folder / name, out_dir / name
-        if not new.exists():
-            continue
+    moves = [(folder / name, out_dir / name) for name in names if (folder / name).exists()]
+    for new, final in moves:
         if final.exists() and final.is_dir() != new.is_dir():
             kind = "folder" if final.is_dir() else "file"
             raise UnsafePathError(f"{final} is a {kind} where fedlab-nb writes a {'file' if kind == 'folder' else 'folder'}"
                                   "; move it away")
-        if final.is_dir():
-            final.rename(folder / f"{name}.old")
-        os.replace(new, final)
+    done = []   # (final, its old version kept in `folder`, or None)
+    try:
+        for new, final in moves:
+            done.append((final, _set_aside(final, folder)))
+            os.replace(new, final)
+    except BaseException:
+        _put_back(done)
+        raise
+
+
+def _set_aside(final: Path, folder: Path) -> Path | None:
+    """Keep the old `final` in `folder` until the publish is complete: a folder is moved there, a file hard-linked
+    (so the file at `final` is replaced atomically, never missing)."""
+    if not final.exists():
+        return None
+    old = folder / f"{final.name}.old"
+    os.link(final, old) if final.is_file() else os.replace(final, old)
+    return old
+
+
+def _put_back(done: list) -> None:
+    """Undo a publish stopped part-way: each moved name gets its old version back (or is removed if it had none)."""
+    for final, old in reversed(done):
+        if final.is_dir() and (old is None or old.is_dir()):  # the new folder (a file's hard link is replaced)
+            shutil.rmtree(final, ignore_errors=True)
+        elif old is None and final.exists():
+            final.unlink()
+        if old is not None:
+            os.replace(old, final)

@@ -31,14 +31,22 @@ _CONTROL = re.compile("[\ud800-\udfff\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u0600-\u0
                       "\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
                       "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e007f]")
 
+# a file name's bytes that are not UTF-8 reach Python as surrogates U+DC80-U+DCFF (os.fsdecode): shown as \xNN, so
+# `tiny-sm\xffoke.json` is never printed as `tiny-smoke.json`, another file
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+
 
 def printable(text, limit: int | None = None) -> str:
     """`text` from a file (claims file, result JSON), safe to print on a terminal: control characters (escape
     sequences, CR, BEL, C1 codes, bidi overrides, and lone surrogates from a '\\ud800' escape, which a UTF-8
-    terminal cannot print) are dropped, tabs and newlines become spaces; `limit`
-    shortens it (with '…')."""
-    text = _CONTROL.sub("", str(text)).replace("\t", " ").replace("\n", " ")
+    terminal cannot print) are dropped, a file name's bytes that are not UTF-8 shown as \\xNN, tabs and
+    newlines become spaces; `limit` shortens it (with '…')."""
+    text = _CONTROL.sub("", _UNDECODABLE.sub(_byte_escape, str(text))).replace("\t", " ").replace("\n", " ")
     return text if limit is None or len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+def _byte_escape(match) -> str:
+    return f"\\x{ord(match.group()) - 0xDC00:02x}"
 
 
 def printable_strings(value):

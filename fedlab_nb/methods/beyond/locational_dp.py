@@ -34,6 +34,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from ...core.registry import register
+from ...utils import check_number
 
 
 def _check_epsilon(epsilon) -> float:
@@ -48,11 +49,24 @@ def _check_k(k) -> int:
     return int(k)
 
 
+def _check_values(values, k: int) -> np.ndarray:
+    """Categories 0..k−1 as integers (a −1 would index category k−1; 0.7 would be truncated to 0)."""
+    values = np.asarray(values)
+    if values.size and (values.dtype.kind not in "iub" or values.min() < 0 or values.max() >= k):
+        raise ValueError(f"values must lie in 0..{k - 1}, as integers; got dtype {values.dtype}, range "
+                         f"[{values.min()}, {values.max()}]")
+    return values.astype(np.int64) if values.dtype.kind == "b" else values  # a bool array would index as a mask
+
+
 # --- k-ary randomized response ---------------------------------------------------------------------------
 def grr_probabilities(epsilon: float, k: int) -> tuple[float, float]:
-    """(p, q): keep probability and the probability of each particular other value."""
-    e = np.exp(_check_epsilon(epsilon))
-    k = _check_k(k)
+    """(p, q): keep probability e^ε/(e^ε + k − 1) and the probability of each particular other value; past
+    ε = 700 (e^ε near float64's limit) written with e^−ε, so that p → 1 rather than inf/inf = NaN."""
+    epsilon, k = _check_epsilon(epsilon), _check_k(k)
+    if epsilon > 700:
+        shrink = np.exp(-epsilon)
+        return float(1 / (1 + (k - 1) * shrink)), float(shrink / (1 + (k - 1) * shrink))
+    e = np.exp(epsilon)
     return float(e / (e + k - 1)), float(1 / (e + k - 1))
 
 
@@ -71,10 +85,8 @@ def max_log_ratio(channel: np.ndarray) -> float:
 @register("locational_dp", claims="locational_dp", kind="module")
 def randomized_response(values, k: int, epsilon: float, rng: np.random.Generator) -> np.ndarray:
     """Each user's value in {0..k−1} is kept w.p. p, else replaced by one of the other k−1 values uniformly."""
-    values = np.asarray(values)
     k = _check_k(k)
-    if values.size and (values.min() < 0 or values.max() >= k):
-        raise ValueError(f"values must lie in 0..{k - 1}, got range [{values.min()}, {values.max()}]")
+    values = _check_values(values, k)
     p, _ = grr_probabilities(epsilon, k)
     keep = rng.random(values.shape) < p
     other = (values + rng.integers(1, k, size=values.shape)) % k   # uniform over the k−1 other values
@@ -110,7 +122,7 @@ def private_region_shares(regions, bits, n_regions: int, epsilon: float, rng: np
                           draws: int = 1) -> np.ndarray:
     """[draws, n_regions]: each user randomises their bit (binary RR); the server debiases each region's count
     and divides by the region size (public)."""
-    regions, bits = np.asarray(regions), np.asarray(bits).astype(np.int64)
+    regions, bits = np.asarray(regions), _check_values(bits, 2).astype(np.int64)
     sizes = np.bincount(regions, minlength=n_regions)
     out = np.empty((draws, n_regions))
     for d in range(draws):
@@ -150,10 +162,8 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float, calibration
     """σ of an (ε, δ)-DP Gaussian mechanism for this ℓ2 sensitivity. "classic": B√(2 ln(1.25/δ))/ε (ε < 1
     only); "analytic": the exact smallest σ (Balle & Wang 2018)."""
     epsilon = _check_epsilon(epsilon)
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    if not sensitivity > 0:
-        raise ValueError(f"sensitivity must be > 0, got {sensitivity!r}")
+    delta = check_number("delta", delta, 0, 1, "e.g. 1e-5")
+    sensitivity = check_number("sensitivity", sensitivity, 0, fix="the l2 sensitivity bound of one user's value")
     if calibration == "classic":
         if epsilon >= 1:
             raise ValueError(f"the classic Gaussian calibration is a theorem only for epsilon < 1, got {epsilon}; "
@@ -168,6 +178,8 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float, calibration
 def private_region_means(regions, values, n_regions: int, bound: float, sigma: float, rng: np.random.Generator,
                          draws: int = 1) -> np.ndarray:
     """[draws, n_regions]: each user clips their value to [0, bound] and adds N(0, σ²); the server averages."""
+    bound = check_number("bound", bound, 0, fix="the values are clipped to [0, bound]: it bounds the sensitivity")
+    sigma = check_number("sigma", sigma, 0, fix="the noise std, e.g. gaussian_sigma(epsilon, delta, bound); 0 is none")
     regions = np.asarray(regions)
     x = np.clip(np.asarray(values, np.float64), 0.0, bound)
     sizes = np.maximum(np.bincount(regions, minlength=n_regions), 1)
@@ -192,8 +204,8 @@ def noisy_argmax_channel(epsilon: float, k: int, n_grid: int = 20001) -> np.ndar
 
 
 def noisy_argmax(values, k: int, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    values = np.asarray(values)
-    scores = np.eye(_check_k(k))[values] + rng.laplace(0.0, 1 / _check_epsilon(epsilon), size=(len(values), k))
+    values = _check_values(values, _check_k(k))
+    scores = np.eye(k)[values] + rng.laplace(0.0, 1 / _check_epsilon(epsilon), size=(len(values), k))
     return scores.argmax(1)
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.registry import register
+from ...utils import check_number
 
 BAGGINGS = ("random", "feature")
 
@@ -196,12 +197,14 @@ def bias_variance(x, bags, rho: float, theta_star, sigma: float) -> tuple[float,
 # --- label-DP aggregate responses ------------------------------------------------------------------
 def dp_noise_scale(k: int, epsilon: float, clip: float) -> float:
     """Laplace scale for ε-label-DP bag means of responses clipped to [−clip, clip]: sensitivity 2·clip/k."""
-    if not 0 < epsilon < np.inf:  # ε = inf: a Laplace scale of 0, the bag means released bare
-        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-    if not 0 < clip < np.inf:  # clip = inf: an infinite sensitivity, every release ±inf
-        raise ValueError(f"clip (the response bound B) must be a finite number > 0, got {clip!r}")
+    epsilon = check_number("epsilon", epsilon, 0)  # ε = inf: a Laplace scale of 0, the bag means released bare
+    clip = check_number("clip (the response bound B)", clip, 0)  # clip = inf: every release ±inf
     _check_bag_size(k, k)
-    return 2.0 * clip / (k * epsilon)
+    scale = 2.0 * clip / (k * epsilon)
+    if not np.isfinite(scale):  # a subnormal ε: the scale overflows and every release is ±inf or NaN
+        raise ValueError(f"epsilon = {epsilon!r} is too small: the Laplace scale 2·clip/(k·ε) overflows to {scale}; "
+                         "use an epsilon the release can carry (e.g. 0.01 or more)")
+    return scale
 
 
 def default_clip(n: int, c: float) -> float:
@@ -223,6 +226,9 @@ def _responses(y) -> np.ndarray:
     return y
 
 
+MAX_RELEASED_VALUES = 10 ** 8   # 800 MB of float64 noise in one call
+
+
 def dp_bag_responses(y: np.ndarray, bags: np.ndarray, epsilon: float, clip: float,
                      rng: np.random.Generator, draws: int | None = None) -> np.ndarray:
     """Clip responses to [−clip, clip], average per bag, add Laplace(2·clip/(kε)) to each bag mean:
@@ -231,6 +237,9 @@ def dp_bag_responses(y: np.ndarray, bags: np.ndarray, epsilon: float, clip: floa
     if draws is not None and (isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1):
         raise ValueError(f"draws must be a whole number >= 1 of independent releases (or None for one), got {draws!r}")
     bags = _check_bags(bags, len(y))
+    if draws is not None and draws * len(bags) > MAX_RELEASED_VALUES:  # [draws, m] floats must fit in memory
+        raise ValueError(f"draws = {draws} releases of {len(bags)} bag means are {draws * len(bags):,} values, over "
+                         f"the {MAX_RELEASED_VALUES:,} one call draws; draw fewer (or call it several times)")
     scale = dp_noise_scale(bags.shape[1], epsilon, clip)
     if np.isnan(y).any():  # np.clip keeps NaN: the release would show which bag holds it
         raise ValueError(f"y holds {int(np.isnan(y).sum())} NaN response(s); drop or impute those rows before the "

@@ -42,7 +42,7 @@ from ...core.registry import register
 from ...core.streams import register_stream
 from ...engine import simulate
 from ...lora import LoRALayout, add_lora
-from ...utils import check_positive_int, rng
+from ...utils import check_number, check_positive_int, rng
 from . import accounting
 from .dp import check_noise
 
@@ -210,6 +210,8 @@ def lora_dp_method(model, variant: str = "fedsvd", *, local_steps: int = 10, sam
     if not 0 < sample_rate <= 1:
         raise ValueError(f"sample_rate is the Poisson rate q of DP-SGD, in (0, 1]; got {sample_rate!r}")
     noise_multiplier = check_noise(noise_multiplier)
+    if clip_norm is not None:  # inf clips nothing: the noise z·C would be inf
+        clip_norm = check_number("clip_norm", clip_norm, 0, fix="the per-sample L2 bound C, e.g. 2.0 (None: no clipping)")
     if noise_multiplier and clip_norm is None:
         raise ValueError("noise without clipping bounds nothing: pass clip_norm (e.g. 2.0) with noise_multiplier > 0")
     layout = LoRALayout.of(model)
