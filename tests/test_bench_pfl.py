@@ -100,3 +100,10 @@ def test_tiny_comparison_on_cuda(bench, tmp_path):
     summ = bench.summary(table)
     assert set(table["device"]) == {"cuda:0"} or set(table["device"]) == {"cuda"}
     assert (summ["pfl_max_abs_dtheta"] < 1e-4).all() and (summ[["loop_s", "pfl_s"]] > 0).all().all()
+
+
+def test_loop_against_a_bare_torch_loop_tiny():
+    """benchmarks/loop_vs_torch.py --tiny runs our loop's round and both bare loops on the same clients and times
+    each (a check that it runs; no timing is compared)."""
+    best = _bench("loop_vs_torch").main(["--tiny", "--repeats", "1"])
+    assert set(best) == {"ours", "bare_backward", "bare_grad"} and all(t > 0 for t in best.values())
