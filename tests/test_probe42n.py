@@ -245,3 +245,236 @@ def test_dp_on_a_conv_net_with_backend_auto_equals_the_loop(fed10):  # held (aut
         runs.append((h, seen))
     (ha, sa), (hl, sl) = runs
     assert all(torch.equal(a, b) for a, b in zip(sa, sl)) and np.allclose(ha["epsilon"], hl["epsilon"])
+
+
+# ================================================================================ (7) publish: interrupts, links, disk
+def _published(tmp_path):
+    tmp, out = tmp_path / "tmp", tmp_path / "out"
+    for folder, text in ((tmp, "new"), (out, "old")):
+        (folder / "tiny-smoke").mkdir(parents=True)
+        (folder / "tiny-smoke" / f"{text}.png").write_text(text)
+        (folder / "tiny-smoke.json").write_text(text)
+    (tmp / "tiny-smoke.ipynb").write_text("new")
+    return tmp, out
+
+
+def _publish_then_drop_staging(tmp, out):
+    """publish as runner.py calls it, inside `staging`, whose folder is removed on the way out."""
+    import shutil
+
+    from fedlab_nb.repro.files import publish
+    try:
+        publish(tmp, out, ["tiny-smoke", "tiny-smoke.ipynb", "tiny-smoke.json"])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@F_(13, "publish: an interrupt that lands just after _set_aside moved the old figures folder into the staging "
+        "folder (before `done` records it) is not put back; staging's cleanup deletes the old figures and the old "
+        "result stays listed without them")
+def test_an_interrupt_right_after_the_old_figures_are_set_aside_keeps_them(tmp_path, monkeypatch):
+    tmp, out = _published(tmp_path)
+    real, calls = os.replace, []
+
+    def replace(a, b):
+        calls.append(b)
+        done = real(a, b)
+        if len(calls) == 1:  # the signal arrives as the set-aside's rename returns
+            raise KeyboardInterrupt
+        return done
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        _publish_then_drop_staging(tmp, out)
+    monkeypatch.undo()
+    figures = sorted(p.name for p in (out / "tiny-smoke").iterdir()) if (out / "tiny-smoke").is_dir() else None
+    assert ((out / "tiny-smoke.json").read_text(), figures) in (("old", ["old.png"]), ("new", ["new.png"])), figures
+
+
+def test_publish_never_writes_through_a_hard_link_at_the_result(tmp_path):  # held
+    tmp, out = _published(tmp_path)
+    os.link(out / "tiny-smoke.json", tmp_path / "elsewhere.json")
+    _publish_then_drop_staging(tmp, out)
+    assert (tmp_path / "elsewhere.json").read_text() == "old" and (out / "tiny-smoke.json").read_text() == "new"
+
+
+@pytest.mark.parametrize("at", [2, 3], ids=["the notebook's move", "the result's move"])
+def test_a_full_disk_part_way_through_publish_keeps_the_old_result(tmp_path, monkeypatch, at):  # held
+    tmp, out = _published(tmp_path)
+    real, calls = os.replace, []
+
+    def replace(a, b):
+        calls.append(b)
+        if len(calls) == at:
+            raise OSError(errno.ENOSPC, "No space left on device", str(b))
+        return real(a, b)
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError):
+        _publish_then_drop_staging(tmp, out)
+    monkeypatch.undo()
+    assert (out / "tiny-smoke.json").read_text() == "old" and not (out / "tiny-smoke.ipynb").exists()
+    assert sorted(p.name for p in (out / "tiny-smoke").iterdir()) == ["old.png"]
+
+
+@pytest.mark.parametrize("case", ["a link named like a killed run", "a killed run holding a link"])
+def test_staging_never_deletes_through_links_left_in_the_results(tmp_path, case):  # held
+    from fedlab_nb.repro.files import staging
+    victim, out = tmp_path / "victim", tmp_path / "out"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("keep")
+    out.mkdir()
+    if case == "a link named like a killed run":
+        (out / ".tiny-smoke.abc.running").symlink_to(victim, target_is_directory=True)
+    else:
+        (out / ".tiny-smoke.abc.running").mkdir()
+        (out / ".tiny-smoke.abc.running" / "fig").symlink_to(victim, target_is_directory=True)
+    with staging(out, "tiny-smoke"):
+        pass
+    assert (victim / "keep.txt").read_text() == "keep"
+
+
+# ================================================================================ (2) paths: a tilde, sub-folders
+@pytest.mark.parametrize("how", ["--results", "FEDLAB_NB_RESULTS"])
+@F_(14, "a results path with a quoted tilde ('~/res', as `export FEDLAB_NB_RESULTS=\"~/res\"` leaves it) is "
+        "used literally: report writes into a new folder named '~' in the current folder, with no warning")
+def test_a_results_path_starting_with_a_tilde_is_expanded_or_refused(tmp_path, monkeypatch, how):
+    root = root_copy(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    args = ["--root", root, "report"]
+    if how == "--results":
+        args = ["--root", root, "--results", "~/res", "report"]
+    else:
+        monkeypatch.setenv("FEDLAB_NB_RESULTS", "~/res")
+    rc, out, err = cli(args)
+    assert not (tmp_path / "~").exists(), (rc, out, err)
+
+
+def test_history_and_report_with_relative_paths_from_a_sub_folder(tmp_path, monkeypatch):  # held
+    root = root_copy(tmp_path)
+    (root / "sub").mkdir()
+    (root / "sub" / "h.csv").write_text("round,test_acc\n1,0.5\n")
+    monkeypatch.chdir(root / "sub")
+    monkeypatch.setenv("FEDLAB_NB_RESULTS", "../res")
+    rc, out, err = cli(["--root", "..", "history", "h.csv"])
+    assert rc == 0 and "1 rounds" in out, (rc, out, err)
+    rc, out, err = cli(["--root", "..", "report"])
+    assert rc == 0 and (root / "res" / "REPORT.md").is_file(), (rc, out, err)
+
+
+# ================================================================================ (7) OSError wording on reads
+@F_(15, "`history` on a file name too long (a read; no results folder involved) says 'results already written "
+        "are kept as they were: check that folder, or give --results a folder on another disk': the disk-write "
+        "advice, with a fix that does not apply")
+def test_a_read_error_in_history_gives_read_advice(tmp_path):
+    root = root_copy(tmp_path)
+    rc, out, err = cli(["--root", root, "history", tmp_path / ("a" * 300 + ".csv")])
+    one_line_error(rc, err)
+    assert "--results" not in err and "results already written" not in err, err
+
+
+@pytest.mark.parametrize("cmd", [["params", "tiny"], ["run", "tiny"], ["list"]])
+def test_a_notebook_name_too_long_is_one_line_naming_the_field(tmp_path, cmd):  # held
+    root = root_copy(tmp_path, lambda t: t.replace("notebooks/tiny.ipynb", "notebooks/" + "a" * 300 + ".ipynb"))
+    rc, out, err = cli(["--root", root, *cmd])
+    assert "notebook" in (out + err) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+
+
+# ================================================================================ (8) History files: order, sidecars
+@pytest.mark.parametrize("rows", ["1,0.5,1.0,1e-5\n2,0.6,5.0,1e-5\n1,0.6,1.0,1e-5\n",
+                                  "1,0.5,1.0,1e-5\n2,0.6,5.0,1e-5\n2,0.6,0.5,1e-5\n"],
+                         ids=["rounds out of order", "a round repeated with a smaller epsilon"])
+@F_(16, "history reports the last row's epsilon even when the rows are not in round order or epsilon falls "
+        "(two runs appended, a round repeated): 'epsilon = 1' / 'epsilon = 0.5' for a run that reached 5")
+def test_history_with_rows_out_of_order_states_no_smaller_guarantee(tmp_path, rows):
+    (tmp_path / "h.csv").write_text("round,test_acc,epsilon,dp_delta\n" + rows)
+    rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
+    assert "raised" not in str(rc) and "epsilon = 1," not in out and "epsilon = 0.5," not in out, (rc, out)
+
+
+def test_history_prints_a_sidecar_full_of_escapes_clean(tmp_path):  # held
+    (tmp_path / "h.csv").write_text("round,test_acc,epsilon,dp_delta\n1,0.5,1,1e-5\n")
+    (tmp_path / "h.json").write_text(json.dumps({"method": "dp\x1b[2J\u202eevil", "dataset": "\x9bx",
+                                                 "num_clients": "\x07", "seed": "\r\u2028"}))
+    rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
+    assert rc == 0 and _clean(out + err), repr(out + err)
+
+
+@pytest.mark.parametrize("sidecar", ["deep", "/dev/zero link", "non-UTF-8 CSV"])
+def test_history_with_a_hostile_sidecar_or_csv_is_one_line(tmp_path, sidecar):  # held
+    (tmp_path / "h.csv").write_text("round,test_acc\n1,0.5\n")
+    if sidecar == "deep":
+        (tmp_path / "h.json").write_text("[" * 100000 + "]" * 100000)
+    elif sidecar == "/dev/zero link":
+        (tmp_path / "h.json").symlink_to("/dev/zero")
+    else:
+        (tmp_path / "h.csv").write_bytes(b"round,acc\xff\xfe\n1,0.5\n")
+    rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
+    one_line_error(rc, err)
+
+
+# ================================================================================ (8) data fetch: a truncated archive
+def _archive(path, members, cut=None):
+    import io
+    with tarfile.open(path, "w:gz") as tar:
+        for info, data in members:
+            tar.addfile(info, None if data is None else io.BytesIO(data))
+    if cut:
+        path.write_bytes(path.read_bytes()[:cut(path.stat().st_size)])
+
+
+@F_(17, "data fetch with a truncated .tar.gz in place (a copy cut short) ends in a traceback: gzip's EOFError "
+        "('Compressed file ended before the end-of-stream marker') is not a TarError, so _extract lets it through")
+def test_data_fetch_with_a_truncated_archive_is_one_line(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    info = tarfile.TarInfo("cifar-10-batches-py/a")
+    info.size = 200000
+    _archive(folder / "cifar-10-python.tar.gz", [(info, os.urandom(200000))], cut=lambda n: n // 2)
+    rc, out, err = cli(["--root", root_copy(tmp_path), "data", "fetch", "cifar10", "--dir", folder])
+    assert "raised" not in str(rc), rc
+    one_line_error(rc, err)
+
+
+@pytest.mark.parametrize("case", ["a link out then a file through it", "a hard link to /etc/passwd", "a device"])
+def test_data_fetch_with_a_hostile_archive_writes_nothing_outside(tmp_path, case):  # held
+    folder, outside = tmp_path / "d", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    members = []
+    if case == "a link out then a file through it":
+        link = tarfile.TarInfo("lnk")
+        link.type, link.linkname = tarfile.SYMTYPE, str(outside)
+        evil = tarfile.TarInfo("lnk/evil")
+        evil.size = 1
+        members = [(link, None), (evil, b"x")]
+    elif case == "a hard link to /etc/passwd":
+        link = tarfile.TarInfo("passwd")
+        link.type, link.linkname = tarfile.LNKTYPE, "/etc/passwd"
+        members = [(link, None)]
+    else:
+        dev = tarfile.TarInfo("null")
+        dev.type, dev.devmajor, dev.devminor = tarfile.CHRTYPE, 1, 3
+        members = [(dev, None)]
+    _archive(folder / "cifar-10-python.tar.gz", members)
+    rc, out, err = cli(["--root", root_copy(tmp_path), "data", "fetch", "cifar10", "--dir", folder])
+    assert not any(outside.iterdir()) and not (folder / "passwd").exists()
+    assert "raised" not in str(rc) and "Traceback" not in err, (rc, err)
+
+
+# ================================================================================ (4)/(8) claims files deep or wide
+@pytest.mark.parametrize("text", ["x: " + "[" * 5000 + "]" * 5000, "x: " + "{a: " * 3000 + "1" + "}" * 3000,
+                                  "x: {" + ", ".join(f"k{i}: {i}" for i in range(15000)) + "}",
+                                  "x: [" + ", ".join(["1"] * 20001) + "]"],
+                         ids=["5000 lists deep", "3000 mappings deep", "15000 keys", "20001 values"])
+def test_a_deep_or_wide_claims_file_is_one_invalid_line_and_others_still_list(tmp_path, text):  # held
+    root = root_copy(tmp_path)
+    (root / "papers" / "wide.yaml").write_text("id: wide\n" + text + "\n")
+    rc, out, err = cli(["--root", root, "list"])
+    _no_traceback(rc, err)
+    assert "wide: INVALID" in out + err and "tiny —" in out, (out + err)[:300]
+
+
+@pytest.mark.parametrize("cmd", [["run"], ["params"], ["figures", "check"], ["reproduce"], ["history"]])
+def test_a_paper_id_full_of_escapes_is_never_echoed_raw(tmp_path, cmd):  # held
+    rc, out, err = cli(["--root", root_copy(tmp_path), *cmd, "ti\x1b[2J\u202eny\x07"])
+    assert "raised" not in str(rc) and _clean(out + err), repr(err)
