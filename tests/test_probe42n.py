@@ -478,3 +478,120 @@ def test_a_deep_or_wide_claims_file_is_one_invalid_line_and_others_still_list(tm
 def test_a_paper_id_full_of_escapes_is_never_echoed_raw(tmp_path, cmd):  # held
     rc, out, err = cli(["--root", root_copy(tmp_path), *cmd, "ti\x1b[2J\u202eny\x07"])
     assert "raised" not in str(rc) and _clean(out + err), repr(err)
+
+
+# ================================================================================ (8) figures: a claims file's NaN
+@pytest.mark.parametrize("value", [".nan", "-.inf"])
+@F_(18, "figures update --from DIR with a claims file whose smoke parameters hold .nan or -.inf ends in a "
+        "traceback (json: 'Out of range float values are not JSON compliant') instead of naming the parameter "
+        "(run says 'inf and NaN cannot be recorded in parameters.json')")
+def test_figures_update_with_a_non_finite_smoke_parameter_is_one_line(tmp_path, value):
+    root = root_copy(tmp_path, lambda t: t.replace("parameters: {n_points: 4}", f"parameters: {{n_points: {value}}}"))
+    data = tmp_path / "from"
+    data.mkdir()
+    (data / "main.data.json").write_text(json.dumps({"series": [{"key": "k", "values": [1.0, 2.0]}]}))
+    rc, out, err = cli(["--root", root, "figures", "update", "tiny", "--from", data])
+    assert "raised" not in str(rc), rc
+    one_line_error(rc, err)
+
+
+def test_figures_update_prints_figure_names_and_keys_clean(tmp_path):  # held
+    root = root_copy(tmp_path)
+    data = tmp_path / "from"
+    data.mkdir()
+    (data / "m\x1b[2J\u202e.data.json").write_text(json.dumps({"series": [{"key": "k\x1b]0;x\x07",
+                                                                          "values": [1.0]}]}))
+    rc, out, err = cli(["--root", root, "figures", "update", "tiny", "--from", data])
+    assert rc == 0 and _clean(out + err), repr(out + err)
+    assert (root / "papers" / "figures" / "tiny.json").is_file()
+
+
+def test_figures_update_never_writes_through_papers_linked_out(tmp_path):  # held
+    root, outside = root_copy(tmp_path), tmp_path / "outside"
+    outside.mkdir()
+    (root / "papers" / "figures").symlink_to(outside, target_is_directory=True)
+    data = tmp_path / "from"
+    data.mkdir()
+    (data / "main.data.json").write_text(json.dumps({"series": [{"key": "k", "values": [1.0]}]}))
+    rc, out, err = cli(["--root", root, "figures", "update", "tiny", "--from", data])
+    assert not any(outside.iterdir()), (rc, err)
+    one_line_error(rc, err)
+
+
+# ================================================================================ (3) lab and the board: links
+@pytest.mark.parametrize("case", ["lab/student a link out", "lab a link out"])
+def test_lab_refuses_its_folders_linked_out(tmp_path, case):  # held
+    root, outside = root_copy(tmp_path), tmp_path / "outside"
+    outside.mkdir()
+    (root / "results" / "lab").mkdir(parents=True)
+    if case == "lab/student a link out":
+        (root / "results" / "lab" / "student").symlink_to(outside, target_is_directory=True)
+        args = ["lab", "--student", "--dry-run"]
+    else:
+        (root / "results" / "lab").rmdir()
+        (root / "results" / "lab").symlink_to(outside, target_is_directory=True)
+        args = ["lab", "--dry-run"]
+    rc, out, err = cli(["--root", root, *args])
+    assert not any(outside.iterdir())
+    one_line_error(rc, err)
+
+
+@pytest.mark.parametrize("name", ["lab/tiny.ipynb", "REPORT.md", "index.html"])
+def test_a_hard_link_in_results_is_replaced_never_written_through(tmp_path, name):  # held
+    root = root_copy(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (root / "results" / "lab").mkdir(parents=True)
+    os.link(victim, root / "results" / name)
+    cmd = ["lab", "--fresh", "--dry-run"] if name.startswith("lab") else ["report"]
+    rc, out, err = cli(["--root", root, *cmd])
+    assert victim.read_text() == "keep", (rc, err)
+
+
+# ================================================================================ (4) -p values and run folders
+@pytest.mark.parametrize("text,value", [("0x1A", 26), ("0o17", 15), ("1_000", "1_000"), ("-0x10", "-0x10"),
+                                        ("+.5", 0.5), ("5.", 5.0), ("1:20", "1:20"), ("!!python/name:os.system",
+                                                                                    "!!python/name:os.system")])
+def test_p_values_follow_yaml_1_2(text, value):  # held
+    from fedlab_nb.cli import _parse_parameters
+    got = _parse_parameters([("value", text)])["value"]
+    assert got == value and type(got) is type(value), got
+
+
+@pytest.mark.parametrize("text", ["!!float .inf", "!!float 1e999", "[!!float nan]", "{a: !!float -.inf}"])
+def test_p_values_tagged_not_finite_are_refused_before_a_kernel(tmp_path, text):  # held
+    root = root_copy(tmp_path)
+    rc, out, err = cli(["--root", root, "run", "tiny", "-p", "value", text])
+    one_line_error(rc, err)
+    assert not (root / "results" / "runs").exists() or not any((root / "results" / "runs").iterdir())
+
+
+@pytest.mark.parametrize("value", ["../../x", "/etc/passwd", "a\x00b", "\x1b[2J", "..", "." * 300, "a/" * 200])
+def test_run_folder_names_from_values_stay_one_folder_under_runs(tmp_path, value):  # held
+    from fedlab_nb.repro.runner import run_folder
+    path = run_folder("tiny", "smoke", {"value": value}, tmp_path)
+    assert path.parent == tmp_path / "runs" and len(path.name) < 255 and _clean(path.name), path
+    assert "/" not in path.name and "\x00" not in path.name and path.name not in (".", "..")
+
+
+# ================================================================================ (6) secure aggregation's fixed point
+@F_(19, "secure aggregation with clip*scale < 0.5 (secure_fedavg(clip=1e-6) at scale 2^16) quantises every update "
+        "to 0: the run finishes with the model never moved (accuracy 0.108 every round), no error or warning")
+def test_secure_aggregation_refuses_a_quantisation_that_rounds_everything_to_zero():
+    from fedlab_nb.methods.privacy.secure_aggregation import FixedPoint
+    with pytest.raises(ValueError, match="clip|scale"):
+        FixedPoint(clip=1e-6)
+
+
+@pytest.mark.parametrize("kw", [dict(clip=float("nan")), dict(scale=float("inf")), dict(bits=65), dict(bits=True),
+                                dict(clip=True), dict(scale="1")])
+def test_secure_aggregation_fixed_point_refuses_bad_settings(kw):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import FixedPoint
+    with pytest.raises(ValueError):
+        FixedPoint(**kw)
+
+
+def test_secure_aggregation_capacity_is_checked_for_a_huge_scale():  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import FixedPoint
+    with pytest.raises(ValueError, match="bits"):
+        FixedPoint(clip=1.0, scale=2.0 ** 30, bits=32).check_capacity(10)
