@@ -595,3 +595,80 @@ def test_secure_aggregation_capacity_is_checked_for_a_huge_scale():  # held
     from fedlab_nb.methods.privacy.secure_aggregation import FixedPoint
     with pytest.raises(ValueError, match="bits"):
         FixedPoint(clip=1.0, scale=2.0 ** 30, bits=32).check_capacity(10)
+
+
+# ================================================================================ (new code) label DP: numpy draws
+@F_(20, "dp_bag_responses with draws a numpy int64 near 2^63/m: `draws * len(bags)` overflows (a RuntimeWarning) "
+        "past the MAX_RELEASED_VALUES check, and numpy's 'array is too big' follows, naming no argument")
+def test_label_dp_numpy_draws_that_overflow_the_size_check_are_named():
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    bags = A.random_bags(20, 4, rng)
+    with np.errstate(all="ignore"), pytest.raises(ValueError, match="draws"):
+        A.dp_bag_responses(rng.normal(size=20), bags, 1.0, 1.0, rng, draws=np.int64(2 ** 63 // len(bags) + 1))
+
+
+# ================================================================================ (5) printable: \xNN ambiguity
+@F_(21, "printable shows a non-UTF-8 byte of a file name as \\xNN, exactly as it shows a name that holds the four "
+        "characters '\\xff': tiny-sm<0xff>oke.json and tiny-sm\\xffoke.json print the same")
+def test_printable_tells_a_non_utf8_byte_from_its_escape_written_out():
+    from fedlab_nb.repro.results import printable
+    assert printable(os.fsdecode(b"tiny-sm\xffoke.json")) != printable("tiny-sm\\xffoke.json")
+
+
+@pytest.mark.parametrize("text", ["a\u2029b", "a\u180eb", "a\U000e0041b", "a\u00adb", "a\ud800b", "a\x7fb"],
+                         ids=["paragraph separator", "mongolian vowel separator", "tag A", "soft hyphen",
+                              "lone surrogate", "DEL"])
+def test_printable_drops_other_invisible_and_format_characters(text):  # held
+    from fedlab_nb.repro.results import printable
+    assert printable(text) in ("ab", "a b"), repr(printable(text))
+
+
+# ================================================================================ (8) stale results of unknown scales
+@F_(22, "a corrupt results/tiny-big.json (a scale the paper does not have) is warned about with the fix "
+        "'fedlab-nb reproduce tiny --scale big replaces it', a command that is refused (no scale 'big')")
+def test_a_stale_result_of_an_unknown_scale_gets_a_fix_that_works(tmp_path):
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    (root / "results" / "tiny-big.json").write_text("{")
+    rc, out, err = cli(["--root", root, "list"])
+    assert rc == 0 and "tiny-big.json" in err, (rc, err)
+    assert "--scale big replaces it" not in err, err
+
+
+@pytest.mark.parametrize("claim", [{"id": {"a": 1}, "verdict": "reproduced", "expect": 5, "role": ["headline"]},
+                                   {"id": "x" * 5000, "verdict": None, "expect": "> 0"}, 1, None, "x"],
+                         ids=["id a mapping", "a 5000-character id", "a number", "null", "text"])
+@pytest.mark.parametrize("cmd", [["list"], ["report"]])
+def test_result_claims_of_the_wrong_type_are_stale_not_fatal(tmp_path, claim, cmd):  # held
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    (root / "results" / "tiny-smoke.json").write_text(json.dumps({**RESULT, "claims": [claim]}))
+    rc, out, err = cli(["--root", root, *cmd])
+    _no_traceback(rc, err)
+    assert len(err.strip().splitlines()) <= 1 and ("stale" in out + err or "stale" in
+                                                   (root / "results" / "REPORT.md").read_text()), (out, err)
+
+
+# ================================================================================ (8) History twins, (6) Flower replies
+@pytest.mark.parametrize("second", ["run.Csv", "run", "run.CSV"])
+def test_history_twins_of_any_case_keep_their_own_metadata(tmp_path, fed10, second):  # held
+    h1 = fl.simulate("fedavg", fed10, rounds=1, clients_per_round=2, seed=0, **RUN)
+    h2 = fl.simulate("fedprox", fed10, rounds=1, clients_per_round=2, seed=0, **RUN)
+    h1.save(tmp_path / "run.csv")
+    try:
+        h2.save(tmp_path / second)
+    except ValueError:
+        pass
+    assert json.loads((tmp_path / "run.json").read_text())["method"] == "fedavg"
+
+
+@pytest.mark.parametrize("field", ["delta inf", "train-loss nan", "train-loss -inf"])
+def test_flower_non_finite_replies_are_refused_naming_the_client(fed10, field):  # held
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    bad = {"delta inf": dict(delta=np.full(s.theta.numel(), np.inf, np.float32)),
+           "train-loss nan": {"train-loss": float("nan")}, "train-loss -inf": {"train-loss": float("-inf")}}[field]
+    replies = [flower_reply(s, k, **(bad if k == 2 else {})) for k in range(3)]
+    with pytest.raises(ValueError, match="client 2"):
+        s.aggregate_train(1, replies)
