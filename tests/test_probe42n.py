@@ -672,3 +672,42 @@ def test_flower_non_finite_replies_are_refused_naming_the_client(fed10, field): 
     replies = [flower_reply(s, k, **(bad if k == 2 else {})) for k in range(3)]
     with pytest.raises(ValueError, match="client 2"):
         s.aggregate_train(1, replies)
+
+
+# ================================================================================ (1) DP: a custom sampler, short runs
+@F_(23, "dp_fedavg(q=0.1) with a custom sampler that picks the same 5 of 10 clients every round: the sampling "
+        "check needs 5 rounds, so a 4-round run finishes with the Poisson(q=0.1) epsilon 2.76 while those clients "
+        "took part in every round (q = 1: epsilon 10.7)")
+def test_dp_with_a_custom_sampler_never_reports_an_epsilon_below_what_it_released(fed10):
+    from fedlab_nb.methods.privacy import accounting
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg
+    method = dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.1)
+    try:
+        h = fl.simulate(method, fed10, rounds=4, clients_per_round=lambda r, k, g: np.arange(5), seed=0, **RUN)
+    except ValueError as e:
+        assert "sampl" in str(e)
+        return
+    assert h["epsilon"].iloc[-1] >= accounting.epsilon(1.0, 1.0, 4, 1e-5), h["epsilon"].tolist()
+
+
+def test_dp_with_a_bernoulli_sampler_of_another_rate_is_refused_before_round_one(fed10):  # held
+    from fedlab_nb.methods.privacy.dp import dp_sampler
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg
+    seen = []
+    with pytest.raises(ValueError, match="would not hold"):
+        fl.simulate(dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.1), fed10, rounds=2,
+                    clients_per_round=dp_sampler(0.5, 10), seed=0, callback=lambda *a: seen.append(1), **RUN)
+    assert not seen
+
+
+# ================================================================================ (2) a relative FEDLAB_NB_ROOT
+@pytest.mark.parametrize("cmd", [["list"], ["params", "tiny"], ["report"]])
+def test_a_relative_root_from_the_environment_from_a_sub_folder(tmp_path, monkeypatch, cmd):  # held
+    root = root_copy(tmp_path)
+    (root / "sub").mkdir()
+    monkeypatch.chdir(root / "sub")
+    monkeypatch.setenv("FEDLAB_NB_ROOT", "..")
+    monkeypatch.delenv("FEDLAB_NB_RESULTS", raising=False)
+    rc, out, err = cli(cmd)
+    assert rc == 0 and ("tiny" in out or "wrote" in out), (rc, out, err)
+    assert not (root / "sub" / "results").exists()
