@@ -711,3 +711,54 @@ def test_a_relative_root_from_the_environment_from_a_sub_folder(tmp_path, monkey
     rc, out, err = cli(cmd)
     assert rc == 0 and ("tiny" in out or "wrote" in out), (rc, out, err)
     assert not (root / "sub" / "results").exists()
+
+
+@pytest.mark.parametrize("change", [dict(noise_multiplier=3.0), dict(clip_norm=5.0), dict(sampling_rate=0.05)])
+def test_dp_resume_with_other_privacy_settings_is_refused(fed10, tmp_path, change):  # held
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+
+    def stop(r, theta, row):
+        if r == 2:
+            raise KeyboardInterrupt
+    base = dict(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.2)
+    m1, s1 = dp_fedavg_with_sampler(fed10, **base)
+    with pytest.raises(KeyboardInterrupt):
+        fl.simulate(m1, fed10, rounds=4, clients_per_round=s1, seed=0, checkpoint=tmp_path / "c.pt", callback=stop,
+                    **RUN)
+    m2, s2 = dp_fedavg_with_sampler(fed10, **{**base, **change})
+    with pytest.raises(ValueError, match="checkpoint"):
+        fl.simulate(m2, fed10, rounds=4, clients_per_round=s2, seed=0, checkpoint=tmp_path / "c.pt", resume=True,
+                    **RUN)
+
+
+# ================================================================================ (5) the board: quotes and markdown
+def test_the_board_keeps_quotes_and_markdown_from_a_claim_text_inert(tmp_path):  # held
+    root = root_copy(tmp_path)
+    text = "ok' onmouseover='alert(1)' x=' | cell\n\n# FAKE\n[c](javascript:alert(1)) <img src=x onerror=alert(1)>"
+    claim = {**RESULT["claims"][0], "text": text}
+    (root / "results").mkdir()
+    (root / "results" / "tiny-smoke.json").write_text(json.dumps({**RESULT, "claims": [claim]}))
+    rc, out, err = cli(["--root", root, "report"])
+    assert rc == 0, err
+    html = (root / "results" / "index.html").read_text()
+    md = (root / "results" / "REPORT.md").read_text()
+    assert "onmouseover='" not in html and "<img" not in html and "<img" not in md and "\n# FAKE" not in md
+
+
+# ================================================================================ (6) the server's stages out of order
+@pytest.mark.parametrize("stage", ["collect_shares", "collect_masked", "unmask"])
+def test_secagg_server_stage_before_its_time_aborts(stage):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort, SecAggParams, SecAggServer
+    server = SecAggServer(SecAggParams(2, 4, 32), [1, 2, 3])
+    with pytest.raises(SecAggAbort):
+        getattr(server, stage)({1: b"\0" * 16, 2: b"\0" * 16})
+
+
+# ================================================================================ (2)/(7) a real run: exit status
+def test_reproduce_with_a_relative_dotted_results_exits_1_when_a_claim_errors(tmp_path, monkeypatch):  # held (runs the tiny notebook)
+    root = root_copy(tmp_path, lambda t: t + ("  - id: missing_metric\n    role: supporting\n    text: \"never recorded\"\n"
+                                              "    metric: no_such_metric\n    expect: \"> 0\"\n    verdict: reproduced\n"))
+    monkeypatch.chdir(root)
+    rc, out, err = cli(["--root", ".", "--results", "./gone/../res", "reproduce", "tiny", "-j", "1"])
+    assert rc == 1 and "missing_metric: error" in out + err, (rc, out[-500:], err[-500:])
+    assert (root / "res" / "tiny-smoke.json").is_file()
