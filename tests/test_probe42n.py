@@ -4,8 +4,9 @@ wording on reads, publish's set-aside and put-back, the claims file's value limi
 check's rows, backend='auto') and at variants the earlier test_probe42*.py do not try: the locational-DP
 mechanisms' region ids, NaN values and draws, the randomised-response audits past ε ≈ 745, NormClipping's weak-DP
 noise, a tilde in the results path, a History CSV whose rows are out of order, an interrupt right after publish
-sets the old figures aside, hard links at the result file, escapes in a History sidecar, and deep or wide claims
-files. Each test asserts the correct behaviour; a test marked xfail(strict=True) is an open finding (its reason
+sets the old figures aside, hard links at the result file, escapes in a History sidecar, deep or wide claims
+files, a truncated data archive, a claims file's NaN reaching figures update, secure aggregation's fixed point, a
+custom DP sampler in a short run, CIFAR batches unpickled, and an ignored class only in the clients' data. Each test asserts the correct behaviour; a test marked xfail(strict=True) is an open finding (its reason
 says what is wrong), so the suite stays green until it is fixed."""
 import errno
 import json
@@ -762,3 +763,74 @@ def test_reproduce_with_a_relative_dotted_results_exits_1_when_a_claim_errors(tm
     rc, out, err = cli(["--root", ".", "--results", "./gone/../res", "reproduce", "tiny", "-j", "1"])
     assert rc == 1 and "missing_metric: error" in out + err, (rc, out[-500:], err[-500:])
     assert (root / "res" / "tiny-smoke.json").is_file()
+
+
+# ================================================================================ out of class: data files unpickled
+class _Planted:
+    """A pickle that, when loaded, writes a file (a stand-in for any code)."""
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (_touch, (self.path,))
+
+
+def _touch(path):
+    with open(path, "w") as f:
+        f.write("ran")
+    return {b"data": np.zeros((1, 3072)), b"labels": [0]}
+
+
+@F_(24, "load_cifar10 reads the CIFAR batches with pickle.load (no weights-only reader, no checksum on fetch; "
+        "fashion_mnist is fetched over plain http): a planted or tampered data_batch_1 runs code when a notebook "
+        "calls federate('cifar10', ...), where checkpoints load with weights_only=True")
+def test_loading_cifar10_never_runs_code_from_the_data_folder(tmp_path):
+    import pickle
+
+    from fedlab_nb.data.datasets import load_cifar10
+    folder, marker = tmp_path / "cifar-10-batches-py", tmp_path / "ran.txt"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(pickle.dumps(_Planted(marker)))
+    try:
+        load_cifar10(str(folder))
+    except Exception:  # noqa: BLE001 -- refusing the file is correct; running it is the finding
+        pass
+    assert not marker.exists()
+
+
+# ================================================================================ (new code) the loss check's rows
+@F_(25, "the loss check (_loss_check_rows) looks only at the test labels: a loss with ignore_index=0 whose class 0 "
+        "is in the clients' data but not in the test set passes it, and the loop and the vmap/fused backends then "
+        "train differently (|dθ| 0.016 after one round; with a class-0 test row the check refuses it)")
+def test_an_ignored_class_only_in_the_clients_data_is_refused_or_trains_alike_on_every_backend():
+    import torch.nn.functional as F
+
+    from fedlab_nb.data.federated import FederatedDataset
+
+    def ignoring(outputs, y, reduction="mean"):
+        return F.cross_entropy(outputs, y, ignore_index=0, reduction=reduction)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(60, 5)).astype(np.float32), 1 + rng.integers(0, 2, 60)  # the test set: classes 1, 2
+    clients = [(rng.normal(size=(20, 5)).astype(np.float32), rng.integers(0, 3, 20)) for _ in range(3)]
+    fed = FederatedDataset.from_clients(clients, test=(x, y))
+    thetas = {}
+    for backend in ("loop", "vmap"):
+        seen = []
+        try:
+            fl.simulate("fedavg", fed, "logreg", loss=ignoring, rounds=1, batch_size=8, progress=False, seed=0,
+                        backend=backend, callback=lambda r, theta, row: seen.append(theta.clone()))
+        except ValueError:
+            return  # refused: correct
+        thetas[backend] = seen[-1]
+    assert torch.allclose(thetas["loop"], thetas["vmap"], atol=1e-5), float((thetas["loop"] - thetas["vmap"]).abs().max())
+
+
+def test_a_second_run_lock_of_one_paper_in_one_process_is_refused(tmp_path):  # held
+    from fedlab_nb.repro.files import RunLockedError, run_lock
+    with run_lock(tmp_path, "tiny", "smoke"):
+        with pytest.raises(RunLockedError, match="another run of tiny"):
+            with run_lock(tmp_path, "tiny", "paper"):
+                pass
+    with run_lock(tmp_path, "tiny", "smoke"):  # released on the way out
+        pass
