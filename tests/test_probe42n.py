@@ -834,3 +834,38 @@ def test_a_second_run_lock_of_one_paper_in_one_process_is_refused(tmp_path):  # 
                 pass
     with run_lock(tmp_path, "tiny", "smoke"):  # released on the way out
         pass
+
+
+# ================================================================================ (7) History.save stopped part-way
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, OSError(errno.ENOSPC, "No space left on device")],
+                         ids=["interrupt", "disk full"])
+@F_(26, "History.save writes run.csv, then run.json, each atomically but not together: stopped between the two "
+        "(an interrupt, a full disk), run.csv holds the new run's rows beside the old run's metadata, and "
+        "`fedlab-nb history run.csv` names the old run's method for them")
+def test_history_save_stopped_between_its_files_never_pairs_new_rows_with_old_metadata(tmp_path, fed10,
+                                                                                       monkeypatch, stop):
+    from fedlab_nb.core import history as H
+    old = fl.simulate("fedavg", fed10, rounds=1, clients_per_round=2, seed=0, **RUN)
+    new = fl.simulate("fedprox", fed10, rounds=2, clients_per_round=2, seed=0, **RUN)
+    old.save(tmp_path / "run.csv")
+    real, calls = H._write_atomic, []
+
+    def write(path, text):
+        calls.append(path)
+        if len(calls) == 2:  # the metadata's write, after the rows'
+            raise stop
+        return real(path, text)
+    monkeypatch.setattr(H, "_write_atomic", write)
+    with pytest.raises(stop if isinstance(stop, type) else type(stop)):
+        new.save(tmp_path / "run.csv")
+    monkeypatch.undo()
+    back = H.History.load(tmp_path / "run.csv")
+    assert (len(back), back.meta.get("method")) in ((1, "fedavg"), (2, "fedprox")), (len(back), back.meta.get("method"))
+
+
+def test_history_save_never_writes_through_a_hard_link(tmp_path, fed10):  # held
+    victim = tmp_path / "victim.csv"
+    victim.write_text("keep")
+    os.link(victim, tmp_path / "run.csv")
+    fl.simulate("fedavg", fed10, rounds=1, clients_per_round=2, seed=0, **RUN).save(tmp_path / "run.csv")
+    assert victim.read_text() == "keep"
