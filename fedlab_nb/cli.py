@@ -139,7 +139,7 @@ def _lab_options(args) -> list[str]:
 def _root(args) -> Path:
     """The repository root, absolute: resolved once against the caller's directory (papermill changes it); a
     root that is missing or a file is a usage error (list and report would say nothing is there and exit 0)."""
-    root = (Path(args.root) if args.root else C.default_root()).absolute()
+    root = (Path(args.root) if args.root else C.default_root()).expanduser().absolute()
     if not root.is_dir():
         where = "--root" if args.root else f"${C.ROOT_ENV}" if os.environ.get(C.ROOT_ENV) else "the package's folder"
         raise UsageError(f"the repository root {printable(str(root), 160)} ({where}) is "
@@ -151,7 +151,8 @@ def _root(args) -> Path:
 def _results(args, root: Path, write: bool = False) -> Path:
     """The results folder, absolute (a relative --results or $FEDLAB_NB_RESULTS is the caller's); refused when
     it is a file, and with `write` created and checked writable, each with a one-line error naming the fix."""
-    path = Path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results").absolute()
+    # '~/res' quoted in $FEDLAB_NB_RESULTS reaches us unexpanded: it means the home folder, not a folder named '~'
+    path = Path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results").expanduser().absolute()
     try:
         is_file = path.exists() and not path.is_dir()
     except OSError as e:  # ENAMETOOLONG, EACCES on a parent ...
@@ -180,14 +181,14 @@ def _implemented_by(paper_id: str) -> str:
     return ", ".join(f"{e.module.replace('.', '/')}.py ({e.key})" for e in entries) or "no registered method"
 
 
-def _last_results(results: Path, pid: str) -> dict:
+def _last_results(results: Path, pid: str, scales=()) -> dict:
     """{scale: result} of one paper's result files; a corrupt one is a stale placeholder (with a warning)."""
     last = {}
     for path, _, scale in result_files(results, pid):
         data, problem = read_result(path)
         if problem:  # a corrupt result is stale, not fatal
-            fix = (f"fedlab-nb reproduce {pid} --scale {scale} replaces it" if printable(scale) == scale
-                   else "remove or rename it: no scale has that name")  # a name not UTF-8 or with control codes
+            fix = (f"fedlab-nb reproduce {pid} --scale {scale} replaces it" if scale in scales
+                   else f"remove or rename it: {pid} has no scale by that name")  # or a name not UTF-8
             print(printable(f"warning: {path} {problem}; treated as stale ({fix})"), file=sys.stderr)
             last[scale] = {"verdict": "stale (corrupt result file)", "claims": []}
         elif data["paper"] == pid:
@@ -251,7 +252,7 @@ def cmd_list(args) -> int:
             continue
         if not _wanted(paper, args):
             continue
-        last = _last_results(results, pid)
+        last = _last_results(results, pid, paper.scales)
         print(printable(_paper_line(paper, last)))  # the method's name and the verdicts come from files
         if not (args.claims or args.role):
             continue
@@ -609,15 +610,16 @@ DISK_ERRORS = {errno.ENOSPC: ("the disk is full", "free space there"),  # (what 
                errno.ESTALE: ("a network mount went stale", "remount it"),
                errno.EMFILE: ("this process has too many files open", "raise the limit (ulimit -n)"),
                errno.ENFILE: ("the system has too many files open", "close other programs")}
-OTHER_OS_ERROR = ("the operating system refused a file operation", "check that folder")
+OTHER_OS_ERROR = ("the operating system refused a file operation", "check that path (its name, length and folder)")
 
 
 def disk_error(e: OSError, args) -> str:
     """One line for a write the disk refused: what happened, where, that finished results are kept, the fix."""
     where = e.filename or _results(args, _root(args))
     what, fix = DISK_ERRORS.get(e.errno, OTHER_OS_ERROR)
-    doing = "while writing" if e.errno in DISK_ERRORS else "on"
-    return (f"{what} ({e.strerror or e}) {doing} {where}; results already written are kept as they were: "
+    if e.errno not in DISK_ERRORS:  # not a disk that refused a write: no advice about the results folder
+        return f"{what} ({e.strerror or e}) on {where}: {fix}"
+    return (f"{what} ({e.strerror or e}) while writing {where}; results already written are kept as they were: "
             f"{fix}, or give --results a folder on another disk")
 
 

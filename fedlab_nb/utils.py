@@ -58,7 +58,7 @@ def check_number(name: str, value, low: float = -math.inf, high: float = math.in
                  closed_low: bool = False) -> float:
     """A finite real number (Python's or numpy's) with low < value < high (low <= value with closed_low): text,
     None, a bool, NaN or inf is refused with a ValueError naming `name` (and the fix), never coerced."""
-    fits = (low <= value if closed_low else low < value) if _is_real(value) and math.isfinite(value) else False
+    fits = (low <= value if closed_low else low < value) if _is_real(value) and _finite(value) else False
     if not (fits and value < high):
         bounds = " and ".join(b for b in (f"{'>=' if closed_low else '>'} {low:g}" if low > -math.inf else "",
                                           f"< {high:g}" if high < math.inf else "") if b)
@@ -69,6 +69,13 @@ def check_number(name: str, value, low: float = -math.inf, high: float = math.in
 
 def _is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # a Python int past float64 (10**400)
+        return False
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:

@@ -50,8 +50,6 @@ def _refused_or_finite(call, match):
 # ================================================================================ (new code) check_number's inputs
 @pytest.mark.parametrize("call", ["bag responses epsilon 10**400", "region means sigma 10**400",
                                   "check_number 10**400"])
-@F_(1, "utils.check_number raises a bare OverflowError ('int too large to convert to float') for a Python int "
-       "past float64 (10**400) instead of its ValueError naming the parameter")
 def test_check_number_refuses_an_integer_past_float64_naming_it(call):
     from fedlab_nb.methods.beyond import locational_dp as L
     from fedlab_nb.methods.privacy import aggregate_responses as A
@@ -82,8 +80,6 @@ def test_check_number_refuses_what_is_not_one_real_number(value):  # held
 
 # ================================================================================ (1) DP: locational_dp variants
 @pytest.mark.parametrize("case", ["epsilon 800", "sensitivity 1e-320", "sensitivity 1e308"])
-@F_(2, "locational_dp.gaussian_sigma: epsilon 800 or a sensitivity near float64's limits ends in scipy's "
-       "solver error ('The function value at x=1e-06 is NaN', 'xtol too small') naming no argument")
 def test_locational_gaussian_sigma_at_extreme_arguments_names_them_or_answers(case):
     from fedlab_nb.methods.beyond import locational_dp as L
     args = {"epsilon 800": (800.0, 1e-5, 1.0), "sensitivity 1e-320": (1.0, 1e-5, 1e-320),
@@ -91,16 +87,12 @@ def test_locational_gaussian_sigma_at_extreme_arguments_names_them_or_answers(ca
     _refused_or_finite(lambda: L.gaussian_sigma(*args), "epsilon|sensitivity")
 
 
-@F_(3, "dp_robust.gaussian_sigma with delta=1e-300 gives scipy's bracket error ('`brentq` raised ValueError. "
-       "This often means the supplied bracket interval...') instead of naming delta")
 def test_dp_robust_gaussian_sigma_with_a_tiny_delta_names_it_or_answers():
     from fedlab_nb.methods.more import dp_robust as D
     _refused_or_finite(lambda: D.gaussian_sigma(1.0, 10, 1.0, 1e-300), "delta")
 
 
 @pytest.mark.parametrize("case", ["dp_robust classic_sigma", "locational central_count_std"])
-@F_(4, "a subnormal epsilon (1e-320) gives an infinite noise std (classic_sigma, central_count_std): the "
-       "label-DP fix refuses it, these answer inf")
 def test_a_subnormal_epsilon_gives_a_finite_sigma_or_is_refused(case):
     from fedlab_nb.methods.beyond import locational_dp as L
     from fedlab_nb.methods.more import dp_robust as D
@@ -109,8 +101,6 @@ def test_a_subnormal_epsilon_gives_a_finite_sigma_or_is_refused(case):
     _refused_or_finite(call, "epsilon")
 
 
-@F_(5, "locational_dp.private_region_means releases NaN for the region of a user whose value is NaN (np.clip "
-       "keeps NaN): the release shows which region holds it; label-DP refuses NaN responses")
 def test_private_region_means_with_a_nan_value_is_refused():
     from fedlab_nb.methods.beyond import locational_dp as L
     rng = np.random.default_rng(0)
@@ -124,9 +114,6 @@ def test_private_region_means_with_a_nan_value_is_refused():
 
 @pytest.mark.parametrize("case", ["means region -1", "means region 5 of 2", "means region 0.7",
                                   "shares region -1", "shares region 7 of 2"])
-@F_(6, "locational_dp.private_region_means / private_region_shares take region ids unchecked: -1, an id >= "
-       "n_regions or 0.7 give numpy's bare errors ('list' argument must have no negative elements, could not "
-       "broadcast, Cannot cast)")
 def test_region_ids_out_of_range_are_refused_naming_them(case):
     from fedlab_nb.methods.beyond import locational_dp as L
     rng = np.random.default_rng(0)
@@ -140,8 +127,6 @@ def test_region_ids_out_of_range_are_refused_naming_them(case):
 
 
 @pytest.mark.parametrize("case", ["shares draws 2**40", "means draws -1", "means draws 1.5"])
-@F_(7, "locational_dp's region releases take draws unchecked: 2**40 is a MemoryError (16 TiB), -1 numpy's "
-       "'negative dimensions', 1.5 a bare TypeError (dp_bag_responses checks draws and MAX_RELEASED_VALUES)")
 def test_region_releases_check_draws(case):
     from fedlab_nb.methods.beyond import locational_dp as L
     rng = np.random.default_rng(0)
@@ -153,8 +138,6 @@ def test_region_releases_check_draws(case):
 
 
 @pytest.mark.parametrize("epsilon,ok", [(True, False), (np.int64(3), True)], ids=["True refused", "numpy int taken"])
-@F_(8, "locational_dp's epsilon check takes True as epsilon 1 and refuses np.int64(3) ('must be a finite "
-       "number > 0, got np.int64(3)'): it is not check_number")
 def test_randomized_response_epsilon_types_as_check_number(epsilon, ok):
     from fedlab_nb.methods.beyond import locational_dp as L
     rng = np.random.default_rng(0)
@@ -166,8 +149,6 @@ def test_randomized_response_epsilon_types_as_check_number(epsilon, ok):
 
 
 @pytest.mark.parametrize("case", ["unary_flip_log_ratio", "grr channel's max_log_ratio"])
-@F_(9, "the randomised-response audits past epsilon ~745 answer NaN (unary_flip_log_ratio(800, 3)) or inf "
-       "(max_log_ratio(grr_channel(800, 3)): q underflows to 0) for a mechanism whose loss is 800")
 def test_randomized_response_audits_at_a_huge_epsilon_are_finite_or_refused(case):
     from fedlab_nb.methods.beyond import locational_dp as L
     call = {"unary_flip_log_ratio": lambda: L.unary_flip_log_ratio(800.0, 3),
@@ -177,8 +158,6 @@ def test_randomized_response_audits_at_a_huge_epsilon_are_finite_or_refused(case
 
 
 @pytest.mark.parametrize("bits", [[2, 2, 2], [0.5, 0.5]], ids=["2", "0.5"])
-@F_(10, "locational_dp.flip_bits takes non-bits: [2, 2, 2] comes back as 2 or -1 (1 - 2), 0.5 as 0.5: the "
-        "output shows the input exactly")
 def test_flip_bits_refuses_values_that_are_not_bits(bits):
     from fedlab_nb.methods.beyond import locational_dp as L
     with pytest.raises(ValueError, match="bit"):
@@ -194,8 +173,6 @@ def test_grr_probabilities_past_700_stay_a_distribution():  # held
 
 # ================================================================================ (1) DP: other noise parameters
 @pytest.mark.parametrize("noise", [float("inf"), True, "0.1"], ids=["inf", "True", "text"])
-@F_(11, "robustness.backdoors.NormClipping (weak DP) takes noise=inf or True, and noise='0.1' is a bare "
-        "TypeError ('>=' not supported): check_number is not used there")
 def test_norm_clipping_refuses_a_noise_that_is_not_a_finite_number(noise):
     from fedlab_nb.methods.robustness.backdoors import NormClipping
     with pytest.raises(ValueError, match="noise"):
@@ -203,7 +180,6 @@ def test_norm_clipping_refuses_a_noise_that_is_not_a_finite_number(noise):
 
 
 @pytest.mark.parametrize("q", ["0.05", True], ids=["text", "True"])
-@F_(12, "FedSVD's lora_dp_method: sample_rate='0.05' is a bare TypeError, sample_rate=True is taken as q = 1")
 def test_lora_dp_method_refuses_a_sample_rate_that_is_not_a_number(q):
     from fedlab_nb.lora import add_lora
     from fedlab_nb.methods.privacy.fedsvd import lora_dp_method
@@ -271,9 +247,6 @@ def _publish_then_drop_staging(tmp, out):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@F_(13, "publish: an interrupt that lands just after _set_aside moved the old figures folder into the staging "
-        "folder (before `done` records it) is not put back; staging's cleanup deletes the old figures and the old "
-        "result stays listed without them")
 def test_an_interrupt_right_after_the_old_figures_are_set_aside_keeps_them(tmp_path, monkeypatch):
     tmp, out = _published(tmp_path)
     real, calls = os.replace, []
@@ -336,8 +309,6 @@ def test_staging_never_deletes_through_links_left_in_the_results(tmp_path, case)
 
 # ================================================================================ (2) paths: a tilde, sub-folders
 @pytest.mark.parametrize("how", ["--results", "FEDLAB_NB_RESULTS"])
-@F_(14, "a results path with a quoted tilde ('~/res', as `export FEDLAB_NB_RESULTS=\"~/res\"` leaves it) is "
-        "used literally: report writes into a new folder named '~' in the current folder, with no warning")
 def test_a_results_path_starting_with_a_tilde_is_expanded_or_refused(tmp_path, monkeypatch, how):
     root = root_copy(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -364,9 +335,6 @@ def test_history_and_report_with_relative_paths_from_a_sub_folder(tmp_path, monk
 
 
 # ================================================================================ (7) OSError wording on reads
-@F_(15, "`history` on a file name too long (a read; no results folder involved) says 'results already written "
-        "are kept as they were: check that folder, or give --results a folder on another disk': the disk-write "
-        "advice, with a fix that does not apply")
 def test_a_read_error_in_history_gives_read_advice(tmp_path):
     root = root_copy(tmp_path)
     rc, out, err = cli(["--root", root, "history", tmp_path / ("a" * 300 + ".csv")])
@@ -385,8 +353,6 @@ def test_a_notebook_name_too_long_is_one_line_naming_the_field(tmp_path, cmd):  
 @pytest.mark.parametrize("rows", ["1,0.5,1.0,1e-5\n2,0.6,5.0,1e-5\n1,0.6,1.0,1e-5\n",
                                   "1,0.5,1.0,1e-5\n2,0.6,5.0,1e-5\n2,0.6,0.5,1e-5\n"],
                          ids=["rounds out of order", "a round repeated with a smaller epsilon"])
-@F_(16, "history reports the last row's epsilon even when the rows are not in round order or epsilon falls "
-        "(two runs appended, a round repeated): 'epsilon = 1' / 'epsilon = 0.5' for a run that reached 5")
 def test_history_with_rows_out_of_order_states_no_smaller_guarantee(tmp_path, rows):
     (tmp_path / "h.csv").write_text("round,test_acc,epsilon,dp_delta\n" + rows)
     rc, out, err = cli(["--root", root_copy(tmp_path), "history", tmp_path / "h.csv"])
@@ -424,8 +390,6 @@ def _archive(path, members, cut=None):
         path.write_bytes(path.read_bytes()[:cut(path.stat().st_size)])
 
 
-@F_(17, "data fetch with a truncated .tar.gz in place (a copy cut short) ends in a traceback: gzip's EOFError "
-        "('Compressed file ended before the end-of-stream marker') is not a TarError, so _extract lets it through")
 def test_data_fetch_with_a_truncated_archive_is_one_line(tmp_path):
     folder = tmp_path / "d"
     folder.mkdir()
@@ -484,9 +448,6 @@ def test_a_paper_id_full_of_escapes_is_never_echoed_raw(tmp_path, cmd):  # held
 
 # ================================================================================ (8) figures: a claims file's NaN
 @pytest.mark.parametrize("value", [".nan", "-.inf"])
-@F_(18, "figures update --from DIR with a claims file whose smoke parameters hold .nan or -.inf ends in a "
-        "traceback (json: 'Out of range float values are not JSON compliant') instead of naming the parameter "
-        "(run says 'inf and NaN cannot be recorded in parameters.json')")
 def test_figures_update_with_a_non_finite_smoke_parameter_is_one_line(tmp_path, value):
     root = root_copy(tmp_path, lambda t: t.replace("parameters: {n_points: 4}", f"parameters: {{n_points: {value}}}"))
     data = tmp_path / "from"
@@ -577,8 +538,6 @@ def test_run_folder_names_from_values_stay_one_folder_under_runs(tmp_path, value
 
 
 # ================================================================================ (6) secure aggregation's fixed point
-@F_(19, "secure aggregation with clip*scale < 0.5 (secure_fedavg(clip=1e-6) at scale 2^16) quantises every update "
-        "to 0: the run finishes with the model never moved (accuracy 0.108 every round), no error or warning")
 def test_secure_aggregation_refuses_a_quantisation_that_rounds_everything_to_zero():
     from fedlab_nb.methods.privacy.secure_aggregation import FixedPoint
     with pytest.raises(ValueError, match="clip|scale"):
@@ -600,8 +559,6 @@ def test_secure_aggregation_capacity_is_checked_for_a_huge_scale():  # held
 
 
 # ================================================================================ (new code) label DP: numpy draws
-@F_(20, "dp_bag_responses with draws a numpy int64 near 2^63/m: `draws * len(bags)` overflows (a RuntimeWarning) "
-        "past the MAX_RELEASED_VALUES check, and numpy's 'array is too big' follows, naming no argument")
 def test_label_dp_numpy_draws_that_overflow_the_size_check_are_named():
     from fedlab_nb.methods.privacy import aggregate_responses as A
     rng = np.random.default_rng(0)
@@ -627,8 +584,6 @@ def test_printable_drops_other_invisible_and_format_characters(text):  # held
 
 
 # ================================================================================ (8) stale results of unknown scales
-@F_(22, "a corrupt results/tiny-big.json (a scale the paper does not have) is warned about with the fix "
-        "'fedlab-nb reproduce tiny --scale big replaces it', a command that is refused (no scale 'big')")
 def test_a_stale_result_of_an_unknown_scale_gets_a_fix_that_works(tmp_path):
     root = root_copy(tmp_path)
     (root / "results").mkdir()
@@ -785,9 +740,6 @@ def _touch(path):
     return {b"data": np.zeros((1, 3072)), b"labels": [0]}
 
 
-@F_(24, "load_cifar10 reads the CIFAR batches with pickle.load (no weights-only reader, no checksum on fetch; "
-        "fashion_mnist is fetched over plain http): a planted or tampered data_batch_1 runs code when a notebook "
-        "calls federate('cifar10', ...), where checkpoints load with weights_only=True")
 def test_loading_cifar10_never_runs_code_from_the_data_folder(tmp_path):
     import pickle
 
@@ -804,9 +756,6 @@ def test_loading_cifar10_never_runs_code_from_the_data_folder(tmp_path):
 
 
 # ================================================================================ (new code) the loss check's rows
-@F_(25, "the loss check (_loss_check_rows) looks only at the test labels: a loss with ignore_index=0 whose class 0 "
-        "is in the clients' data but not in the test set passes it, and the loop and the vmap/fused backends then "
-        "train differently (|dθ| 0.016 after one round; with a class-0 test row the check refuses it)")
 def test_an_ignored_class_only_in_the_clients_data_is_refused_or_trains_alike_on_every_backend():
     import torch.nn.functional as F
 

@@ -51,6 +51,13 @@ class History(pd.DataFrame):
         row's ε (an earlier round's ε does not bound the rounds after it)."""
         if "epsilon" not in self.columns or self["epsilon"].dropna().empty:
             return None
+        if "round" in self.columns and not self["round"].is_monotonic_increasing:
+            raise ValueError("the rows are not in round order: the last row's epsilon need not be the final one; "
+                             "sort the rows by round (or save the History again)")
+        spent = self["epsilon"].dropna()
+        if not spent.is_monotonic_increasing:  # an accountant's running total never falls
+            raise ValueError("epsilon falls from one round to a later one: not an accountant's running total, so "
+                             "the last value is no guarantee for the whole run")
         epsilon = float(self["epsilon"].iloc[-1])
         if math.isnan(epsilon):
             raise ValueError(f"the last round's epsilon is missing (round {len(self)}): an earlier round's epsilon does "

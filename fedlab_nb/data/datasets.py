@@ -167,6 +167,20 @@ def load_mnist(root: str | None = None, max_train: int | None = None) -> Dataset
                             "'mnist5k' instead.", max_train)
 
 
+class _ArraysOnly(pickle.Unpickler):
+    """Unpickles CIFAR's batches (dicts of numpy arrays, bytes and lists) and nothing else: any other global a
+    pickle names — a planted `os.system` — is refused, so a batch file cannot run code (as checkpoints load with
+    `weights_only=True`)."""
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+    def find_class(self, module, name):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a CIFAR-10 batch; refusing to load it "
+                                         "(delete the folder and fetch the data again)")
+        return super().find_class(module, name)
+
+
 def load_cifar10(root: str | None = None) -> Dataset:
     """CIFAR-10 from the original python pickle batches (`cifar-10-batches-py/`)."""
     folder = Path(root) if root else _data_root() / "cifar10" / "cifar-10-batches-py"
@@ -177,7 +191,7 @@ def load_cifar10(root: str | None = None) -> Dataset:
     parts = []
     for n in names:
         with open(folder / n, "rb") as f:
-            b = pickle.load(f, encoding="bytes")
+            b = _ArraysOnly(f, encoding="bytes").load()
         parts.append((b[b"data"] / 255.0, np.array(b[b"labels"])))
     xtr, ytr = _tensors(np.concatenate([p[0] for p in parts[:5]]), np.concatenate([p[1] for p in parts[:5]]))
     xte, yte = _tensors(*parts[5])

@@ -5,8 +5,10 @@ the folder (`$FEDLAB_NB_DATA`, default ~/.cache/fedlab_nb) to the offline machin
 """
 from __future__ import annotations
 
+import gzip
 import tarfile
 import urllib.request
+import zlib
 from pathlib import Path
 
 from .datasets import _data_root
@@ -48,6 +50,6 @@ def _extract(archive: Path, folder: Path) -> None:
     try:
         with tarfile.open(archive) as tar:
             tar.extractall(folder, filter="data")
-    except tarfile.TarError as e:  # ReadError, OutsideDestinationError, ...: not the archive this data set ships
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:  # corrupt, cut short or hostile
         raise ValueError(f"{archive} is not a usable archive ({type(e).__name__}: {str(e)[:120]}); delete it and "
                          "fetch again") from None

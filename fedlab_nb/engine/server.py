@@ -454,9 +454,10 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
         raise ValueError(f"the model's parameters mix dtypes {', '.join(dtypes)}: simulate trains them as one flat "
                          "vector of one dtype; convert the model with model.float() (or model.double())")
     # a custom loss's reductions are compared on 64 rows spread over the test set and the first row of each class
-    # (an ignore_index class is among them wherever it sits); otherwise two rows check the outputs
-    rows = _loss_check_rows(fed.y_test) if criterion is not None else slice(0, 2)
-    was, x = model.training, fed.x_test[rows]
+    # in the test and the training data (an ignore_index class is among them wherever it sits); otherwise two rows
+    # check the outputs
+    x, y = _loss_check_batch(fed) if criterion is not None else (fed.x_test[:2], fed.y_test[:2])
+    was = model.training
     try:
         out = model.eval()(x)  # eval mode: a BatchNorm's running statistics stay as they are
     except RuntimeError as e:
@@ -478,7 +479,7 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
                          "torch.no_grad()): there is no gradient to train; return the forward's outputs as they are")
     out = out.detach()
     if criterion is not None:
-        return _check_reductions(criterion, out, fed.y_test[rows])
+        return _check_reductions(criterion, out, y)
     if fed.y_test.dtype.is_floating_point and fed.y_test.dim() == 1:
         raise ValueError(f"the data's y are float ({fed.y_test.dtype}, one number per row): regression targets, or "
                          "class ids stored as floats; pass loss= (e.g. torch.nn.functional.mse_loss) for a "
@@ -492,6 +493,15 @@ def check_model_outputs(model, fed: FederatedDataset, criterion) -> None:
 def _spread(n: int, k: int) -> torch.Tensor:
     """Up to k row indices spread evenly over 0..n-1."""
     return torch.linspace(0, n - 1, min(k, n)).round().long().unique()
+
+
+def _loss_check_batch(fed: FederatedDataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows a custom loss's reductions are checked on: `_loss_check_rows` of the test set, and the first
+    training row of each class (a class only the clients hold)."""
+    test, train = _loss_check_rows(fed.y_test), _loss_check_rows(fed.dataset.y_train, spread=0)
+    data = fed.dataset
+    x = torch.cat([fed.x_test[test], data.x_train[train].to(fed.x_test.device, fed.x_test.dtype)])
+    return x, torch.cat([fed.y_test[test], data.y_train[train].to(fed.y_test.device, fed.y_test.dtype)])
 
 
 def _loss_check_rows(y: torch.Tensor, spread: int = 64, max_classes: int = 1024) -> torch.Tensor:

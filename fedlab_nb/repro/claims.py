@@ -431,6 +431,18 @@ def _figure_tolerance(c: _Checker, raw) -> dict | None:
     return {k: float(v) for k, v in raw.items()}
 
 
+def _finite_json(value) -> bool:
+    """No float inf or NaN anywhere in a parameter's value (lists and mappings included; walked without
+    recursion, so any depth is fine)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return False
+        stack.extend(v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else ())
+    return True
+
+
 class _StrictLoader(yaml.SafeLoader):
     """safe_load that refuses a mapping's duplicate key (PyYAML keeps the last silently) and any alias (a few
     nested aliases expand to gigabytes: an alias bomb)."""
@@ -545,6 +557,8 @@ def load_claims(path: Path | str) -> Paper:
         for key in params:
             if not isinstance(key, str) or not _IDENT.match(key):
                 c.fail(f"{where}.parameters", f"has key {key!r}", "Python identifiers as parameter names")
+            if not _finite_json(params[key]):  # parameters.json is strict JSON: .nan / .inf cannot be recorded
+                c.fail(f"{where}.parameters.{key}", "holds inf or NaN", "finite numbers (parameters.json is strict JSON)")
         seconds = c.value(entry, "seconds", f"{where}.seconds", (int, float), "a number of seconds", True)
         if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
             c.fail(f"{where}.seconds", f"is {seconds!r}", "a finite number of seconds > 0 (the run's rough time)")

@@ -19,6 +19,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+import numpy as np
+
 _TOKEN = re.compile(r"""\s*(?:
       (?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
     | (?P<name>[A-Za-z_]\w*)
@@ -169,6 +171,9 @@ def _value(node, metrics: dict):
 
 
 def _is_number(x) -> bool:
+    """A real number, or an array of them (per-seed values, judged seed by seed); not a list, text or a bool."""
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "iuf"
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 

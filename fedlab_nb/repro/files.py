@@ -203,32 +203,34 @@ def publish(folder: Path, out_dir, names) -> None:
             kind = "folder" if final.is_dir() else "file"
             raise UnsafePathError(f"{final} is a {kind} where fedlab-nb writes a {'file' if kind == 'folder' else 'folder'}"
                                   "; move it away")
-    done = []   # (final, its old version kept in `folder`, or None)
+    done = []   # (new, final, where final's old version is kept in `folder`), recorded before anything moves
     try:
         for new, final in moves:
-            done.append((final, _set_aside(final, folder)))
+            old = folder / f"{final.name}.old"
+            done.append((new, final, old))
+            _set_aside(final, old)
             os.replace(new, final)
     except BaseException:
         _put_back(done)
         raise
 
 
-def _set_aside(final: Path, folder: Path) -> Path | None:
-    """Keep the old `final` in `folder` until the publish is complete: a folder is moved there, a file hard-linked
+def _set_aside(final: Path, old: Path) -> None:
+    """Keep the old `final` at `old` until the publish is complete: a folder is moved there, a file hard-linked
     (so the file at `final` is replaced atomically, never missing)."""
-    if not final.exists():
-        return None
-    old = folder / f"{final.name}.old"
-    os.link(final, old) if final.is_file() else os.replace(final, old)
-    return old
+    if final.is_file():
+        os.link(final, old)
+    elif final.exists():
+        os.replace(final, old)
 
 
 def _put_back(done: list) -> None:
-    """Undo a publish stopped part-way: each moved name gets its old version back (or is removed if it had none)."""
-    for final, old in reversed(done):
-        if final.is_dir() and (old is None or old.is_dir()):  # the new folder (a file's hard link is replaced)
+    """Undo a publish stopped part-way, wherever it stopped: a name whose new version moved in (it is gone from the
+    staging folder) loses it, and every name set aside gets its old version back."""
+    for new, final, old in reversed(done):
+        if not new.exists() and final.is_dir():  # the new folder is in place
             shutil.rmtree(final, ignore_errors=True)
-        elif old is None and final.exists():
+        elif not new.exists() and not old.exists() and final.exists():  # a new file where there was none
             final.unlink()
-        if old is not None:
+        if old.exists():
             os.replace(old, final)

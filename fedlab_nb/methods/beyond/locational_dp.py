@@ -34,13 +34,39 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from ...core.registry import register
-from ...utils import check_number
+from ...utils import check_number, check_positive_int
+
+
+MAX_RELEASED_VALUES = 10 ** 8   # 800 MB of float64 noise in one call
 
 
 def _check_epsilon(epsilon) -> float:
-    if not (isinstance(epsilon, (int, float, np.floating)) and np.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-    return float(epsilon)
+    return check_number("epsilon", epsilon, 0)
+
+
+def _finite(value: float, what: str) -> float:
+    """A noise level or std that a subnormal ε (1/ε overflows) would make infinite is refused, naming ε."""
+    if not np.isfinite(value):
+        raise ValueError(f"{what} is {value}: epsilon is too small to calibrate (1/epsilon overflows); use a larger one")
+    return float(value)
+
+
+def _check_regions(regions, n_regions: int) -> np.ndarray:
+    """Region ids as integers in 0..n_regions−1 (a −1 or a float would be numpy's bare error or a wrong bin)."""
+    n_regions = check_positive_int("n_regions", n_regions)
+    regions = np.asarray(regions)
+    if regions.size and (regions.dtype.kind not in "iu" or regions.min() < 0 or regions.max() >= n_regions):
+        raise ValueError(f"regions must be integer region ids in 0..{n_regions - 1}, got dtype {regions.dtype}, "
+                         f"range [{regions.min()}, {regions.max()}]")
+    return regions
+
+
+def _check_draws(draws, n_regions: int) -> int:
+    draws = check_positive_int("draws", draws)
+    if draws * n_regions > MAX_RELEASED_VALUES:  # [draws, n_regions] floats must fit in memory
+        raise ValueError(f"draws = {draws} releases of {n_regions} regions are over the {MAX_RELEASED_VALUES:,} "
+                         "values one call draws; draw fewer")
+    return draws
 
 
 def _check_k(k) -> int:
@@ -58,6 +84,13 @@ def _check_values(values, k: int) -> np.ndarray:
     return values.astype(np.int64) if values.dtype.kind == "b" else values  # a bool array would index as a mask
 
 
+def _check_bits(bits) -> np.ndarray:
+    bits = np.asarray(bits)
+    if bits.size and not np.isin(bits, (0, 1)).all():  # a 2 would come back as 2 or −1: the input shown exactly
+        raise ValueError(f"bits must be 0 or 1, got values {np.unique(bits)[:5]}")
+    return bits
+
+
 # --- k-ary randomized response ---------------------------------------------------------------------------
 def grr_probabilities(epsilon: float, k: int) -> tuple[float, float]:
     """(p, q): keep probability e^ε/(e^ε + k − 1) and the probability of each particular other value; past
@@ -73,6 +106,9 @@ def grr_probabilities(epsilon: float, k: int) -> tuple[float, float]:
 def grr_channel(epsilon: float, k: int) -> np.ndarray:
     """P[in, out] of k-ary randomized response."""
     p, q = grr_probabilities(epsilon, k)
+    if q == 0:  # past ε ≈ 745 e^−ε underflows: the channel's log-ratio audit would read inf
+        raise ValueError(f"epsilon = {epsilon} is past what float64 can hold in the channel (e^-epsilon underflows "
+                         "to 0); audit epsilon <= 700")
     return np.full((k, k), q) + (p - q) * np.eye(k)
 
 
@@ -122,7 +158,8 @@ def private_region_shares(regions, bits, n_regions: int, epsilon: float, rng: np
                           draws: int = 1) -> np.ndarray:
     """[draws, n_regions]: each user randomises their bit (binary RR); the server debiases each region's count
     and divides by the region size (public)."""
-    regions, bits = np.asarray(regions), _check_values(bits, 2).astype(np.int64)
+    regions, bits = _check_regions(regions, n_regions), _check_values(bits, 2).astype(np.int64)
+    draws = _check_draws(draws, n_regions)
     sizes = np.bincount(regions, minlength=n_regions)
     out = np.empty((draws, n_regions))
     for d in range(draws):
@@ -135,14 +172,17 @@ def private_region_shares(regions, bits, n_regions: int, epsilon: float, rng: np
 def flip_bits(bits, epsilon: float, rng: np.random.Generator) -> np.ndarray:
     """Flip every bit independently w.p. 1/(1 + e^ε) (the official code's one-hot / boolean randomiser)."""
     f = 1 / (1 + np.exp(_check_epsilon(epsilon)))
-    bits = np.asarray(bits)
+    bits = _check_bits(bits)
     return np.where(rng.random(bits.shape) < f, 1 - bits, bits)
 
 
 def unary_flip_log_ratio(epsilon: float, k: int) -> float:
     """Exact max log-likelihood ratio of `flip_bits` between two one-hot inputs of length k (all 2^k outputs)."""
-    f = 1 / (1 + np.exp(_check_epsilon(epsilon)))
-    k = _check_k(k)
+    epsilon, k = _check_epsilon(epsilon), _check_k(k)
+    if epsilon > 700:  # f = 1/(1+e^ε) underflows to 0 and log(0) makes the audit NaN
+        raise ValueError(f"epsilon = {epsilon} is past what float64 can audit (the flip probability underflows); "
+                         "audit epsilon <= 700")
+    f = 1 / (1 + np.exp(epsilon))
     if k > 16:
         raise ValueError(f"unary_flip_log_ratio enumerates 2^k outputs; use k <= 16, got {k}")
     outputs = np.array(list(itertools.product((0, 1), repeat=k)))
@@ -172,7 +212,13 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float, calibration
     if calibration != "analytic":
         raise ValueError(f"calibration must be 'analytic' or 'classic', got {calibration!r}")
     lo, hi = 1e-6 * sensitivity, 1e6 * sensitivity
-    return float(brentq(lambda s: _gaussian_delta(s, epsilon, sensitivity) - delta, lo, hi, xtol=1e-14 * sensitivity))
+    try:
+        return float(brentq(lambda s: _gaussian_delta(s, epsilon, sensitivity) - delta, lo, hi,
+                            xtol=1e-14 * sensitivity))
+    except ValueError:  # no sign change in the bracket, NaN at its ends, or an xtol below float resolution
+        raise ValueError(f"no noise std in [1e-6, 1e6] x sensitivity gives (epsilon = {epsilon:g}, delta = {delta:g}) "
+                         f"for sensitivity {sensitivity:g}: the epsilon, delta or sensitivity is outside what the "
+                         "analytic calibration can solve in float64; use moderate values") from None
 
 
 def private_region_means(regions, values, n_regions: int, bound: float, sigma: float, rng: np.random.Generator,
@@ -180,8 +226,11 @@ def private_region_means(regions, values, n_regions: int, bound: float, sigma: f
     """[draws, n_regions]: each user clips their value to [0, bound] and adds N(0, σ²); the server averages."""
     bound = check_number("bound", bound, 0, fix="the values are clipped to [0, bound]: it bounds the sensitivity")
     sigma = check_number("sigma", sigma, 0, fix="the noise std, e.g. gaussian_sigma(epsilon, delta, bound); 0 is none")
-    regions = np.asarray(regions)
-    x = np.clip(np.asarray(values, np.float64), 0.0, bound)
+    regions, draws = _check_regions(regions, n_regions), _check_draws(draws, n_regions)
+    x = np.asarray(values, np.float64)
+    if np.isnan(x).any():  # np.clip keeps NaN: the release would show which region holds it
+        raise ValueError(f"values hold {int(np.isnan(x).sum())} NaN value(s); drop or impute them before the release")
+    x = np.clip(x, 0.0, bound)
     sizes = np.maximum(np.bincount(regions, minlength=n_regions), 1)
     out = np.empty((draws, n_regions))
     for d in range(draws):
@@ -222,4 +271,4 @@ def local_count_std(n: int, true_count, epsilon: float) -> np.ndarray:
 
 def central_count_std(epsilon: float) -> float:
     """std of a count released by a trusted curator with Laplace(1/ε) noise (sensitivity 1): √2/ε."""
-    return float(np.sqrt(2) / _check_epsilon(epsilon))
+    return _finite(np.sqrt(2) / _check_epsilon(epsilon), "the count's std sqrt(2)/epsilon")

@@ -170,10 +170,15 @@ def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float,
                                  "small for the PLD accountant; use accountant='rdp'")
             lower = max(lower / 2, _PLD_MIN_Z)  # until PLD's ε at `lower` exceeds the target: a bracket
         bracket = dpa.ExplicitBracketInterval(lower, upper)
-    with _quiet_absl():
-        return float(dpa.calibrate_dp_mechanism(lambda: _accountant_for(accountant, sampling),
-                                                lambda z: dp_event(q, z, steps, sampling),
-                                                target_epsilon, delta, bracket))
+    try:
+        with _quiet_absl():
+            return float(dpa.calibrate_dp_mechanism(lambda: _accountant_for(accountant, sampling),
+                                                    lambda z: dp_event(q, z, steps, sampling),
+                                                    target_epsilon, delta, bracket))
+    except ValueError:  # the root finder's bracket error (e.g. delta = 1e-300): name the inputs, not scipy's bracket
+        raise ValueError(f"no noise_multiplier reaches target_epsilon={target_epsilon!r} at delta={delta!r} (q={q}, "
+                         f"steps={steps}, {accountant}): delta or epsilon is outside what the accountant can "
+                         "calibrate; use e.g. delta >= 1e-12") from None
 
 
 def _tiny_noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float, sampling: str) -> float:

@@ -237,7 +237,7 @@ def dp_bag_responses(y: np.ndarray, bags: np.ndarray, epsilon: float, clip: floa
     if draws is not None and (isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1):
         raise ValueError(f"draws must be a whole number >= 1 of independent releases (or None for one), got {draws!r}")
     bags = _check_bags(bags, len(y))
-    if draws is not None and draws * len(bags) > MAX_RELEASED_VALUES:  # [draws, m] floats must fit in memory
+    if draws is not None and int(draws) * len(bags) > MAX_RELEASED_VALUES:  # [draws, m] floats must fit in memory
         raise ValueError(f"draws = {draws} releases of {len(bags)} bag means are {draws * len(bags):,} values, over "
                          f"the {MAX_RELEASED_VALUES:,} one call draws; draw fewer (or call it several times)")
     scale = dp_noise_scale(bags.shape[1], epsilon, clip)

@@ -29,6 +29,7 @@ default, clients_per_round=None), an upper bound otherwise (no amplification by 
 from __future__ import annotations
 
 import functools
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -207,8 +208,8 @@ def lora_dp_method(model, variant: str = "fedsvd", *, local_steps: int = 10, sam
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     check_positive_int("local_steps", local_steps)
     check_positive_int("refactor_every", refactor_every)
-    if not 0 < sample_rate <= 1:
-        raise ValueError(f"sample_rate is the Poisson rate q of DP-SGD, in (0, 1]; got {sample_rate!r}")
+    if not (isinstance(sample_rate, numbers.Real) and not isinstance(sample_rate, bool) and 0 < sample_rate <= 1):
+        raise ValueError(f"sample_rate is the Poisson rate q of DP-SGD, a number in (0, 1]; got {sample_rate!r}")
     noise_multiplier = check_noise(noise_multiplier)
     if clip_norm is not None:  # inf clips nothing: the noise z·C would be inf
         clip_norm = check_number("clip_norm", clip_norm, 0, fix="the per-sample L2 bound C, e.g. 2.0 (None: no clipping)")

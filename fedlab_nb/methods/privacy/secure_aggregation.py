@@ -108,6 +108,9 @@ class FixedPoint:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"FixedPoint {name} must be a finite number > 0 (clip bounds |x|, scale is the "
                                  f"quantisation's 1/step), got {name}={value!r}")
+        if self.max_q < 1:  # every clipped value rounds to 0: the sum decodes to 0 and the model never moves
+            raise ValueError(f"FixedPoint clip·scale = {self.clip}·{self.scale:g} < 0.5: every update rounds to 0; "
+                             "raise clip (the largest |update entry| kept) or scale (2**16 by default)")
 
     @property
     def step(self) -> float:

@@ -36,6 +36,7 @@ from ...core.registry import register
 from ...core.streams import register_stream
 from ...engine import simulate
 from ...models import load_flat
+from ...utils import check_number
 from .poison import PixelTrigger, model_replacement_scale
 from ..privacy.dp import clip_rows
 from .attacks import get_attack
@@ -63,8 +64,8 @@ class NormClipping:
         if not self.bound > 0:
             raise ValueError(f"bound (the norm M each update is clipped to) must be > 0, got {self.bound}; "
                              "math.inf clips nothing")
-        if not self.noise >= 0:
-            raise ValueError(f"noise (the weak-DP standard deviation σ) must be >= 0, got {self.noise}")
+        self.noise = check_number("noise (the weak-DP standard deviation σ)", self.noise, 0, closed_low=True,
+                                  fix="0 for none")
 
     def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
         return {"norm_median": math.nan, "norm_max": math.nan, "clipped": math.nan}
