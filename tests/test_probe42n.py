@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -823,3 +824,35 @@ def test_history_save_never_writes_through_a_hard_link(tmp_path, fed10):  # held
     os.link(victim, tmp_path / "run.csv")
     fl.simulate("fedavg", fed10, rounds=1, clients_per_round=2, seed=0, **RUN).save(tmp_path / "run.csv")
     assert victim.read_text() == "keep"
+
+
+def test_publish_on_a_file_system_without_hard_links_still_replaces_and_rolls_back(tmp_path, monkeypatch):
+    """Where os.link is refused (FAT, some network shares), publish keeps the old file by copying it: the new result
+    is published, and an interrupt part-way still puts the old one back."""
+    from fedlab_nb.repro.files import publish
+
+    def no_links(*_):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "link", no_links)
+    for interrupt in (False, True):
+        tmp, out = tmp_path / f"s{interrupt}", tmp_path / f"o{interrupt}"
+        for folder, text in ((tmp, "new"), (out, "old")):
+            (folder / "tiny-smoke").mkdir(parents=True)
+            (folder / "tiny-smoke" / f"{text}.png").write_text(text)
+            (folder / "tiny-smoke.json").write_text(text)
+        if interrupt:
+            real = os.replace
+
+            def replace(a, b, new_json=tmp / "tiny-smoke.json"):
+                if Path(a) == new_json:  # the result file's move, after the figures folder's
+                    raise KeyboardInterrupt
+                return real(a, b)
+            monkeypatch.setattr(os, "replace", replace)
+            with pytest.raises(KeyboardInterrupt):
+                publish(tmp, out, ["tiny-smoke", "tiny-smoke.json"])
+            monkeypatch.setattr(os, "replace", real)
+        else:
+            publish(tmp, out, ["tiny-smoke", "tiny-smoke.json"])
+        want = "old" if interrupt else "new"
+        assert (out / "tiny-smoke.json").read_text() == want
+        assert [p.name for p in (out / "tiny-smoke").iterdir()] == [f"{want}.png"]

@@ -219,7 +219,10 @@ def _set_aside(final: Path, old: Path) -> None:
     """Keep the old `final` at `old` until the publish is complete: a folder is moved there, a file hard-linked
     (so the file at `final` is replaced atomically, never missing)."""
     if final.is_file():
-        os.link(final, old)
+        try:
+            os.link(final, old)
+        except OSError:  # a file system without hard links (FAT, some network shares): a copy keeps it as well
+            shutil.copy2(final, old)
     elif final.exists():
         os.replace(final, old)
 
