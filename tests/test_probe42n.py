@@ -794,9 +794,6 @@ def test_a_second_run_lock_of_one_paper_in_one_process_is_refused(tmp_path):  # 
 # ================================================================================ (7) History.save stopped part-way
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, OSError(errno.ENOSPC, "No space left on device")],
                          ids=["interrupt", "disk full"])
-@F_(26, "History.save writes run.csv, then run.json, each atomically but not together: stopped between the two "
-        "(an interrupt, a full disk), run.csv holds the new run's rows beside the old run's metadata, and "
-        "`fedlab-nb history run.csv` names the old run's method for them")
 def test_history_save_stopped_between_its_files_never_pairs_new_rows_with_old_metadata(tmp_path, fed10,
                                                                                        monkeypatch, stop):
     from fedlab_nb.core import history as H

@@ -92,8 +92,14 @@ class History(pd.DataFrame):
         meta = json.dumps(getattr(self, "meta", {}), indent=1, default=str)
         for target in (path, meta_path(path)):  # refuse a link at either before writing anything
             _refuse_link(target)
+        before = path.read_bytes() if path.is_file() else None  # the rows the old metadata describes
         _write_atomic(path, pd.DataFrame(self).to_csv(index=False))
-        _write_atomic(meta_path(path), meta)
+        try:
+            _write_atomic(meta_path(path), meta)
+        except BaseException:  # stopped between the two files: put the old rows back beside the old metadata
+            with contextlib.suppress(OSError, ValueError):  # best effort: the first error is the one to report
+                path.unlink() if before is None else _write_atomic(path, before.decode("utf-8"))
+            raise
         return path
 
     @classmethod
