@@ -64,6 +64,35 @@ def cli(args):
     return rc, out.getvalue(), err.getvalue()
 
 
+# what a printed line must never hold: escapes, BEL, bidi overrides / isolates, C1 CSI, CR, separators, BOM
+CONTROL = ("\x1b", "\x07", "\u202e", "\u2066", "\x9b", "\r", "\u2028", "\u200f", "\x85", "\u061c", "\ufeff")
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+RESULT = {"paper": "tiny", "scale": "smoke", "verdict": "reproduced", "metrics": {"value": 1.0},
+          "claims": [{"id": "value_positive", "verdict": "reproduced", "expect": "> 0", "role": "headline"}]}
+
+
+def clean(text):
+    return not any(c in text for c in CONTROL)
+
+
+def no_traceback(rc, err):
+    assert rc in (0, 1) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+
+
+def interrupted_dp_run(fed, checkpoint, **privacy):
+    """A 4-round DP-FedAvg run (its own Poisson sampler) stopped by an interrupt after round 2, leaving its
+    checkpoint: what the resume probes start from."""
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+
+    def stop(r, theta, row):
+        if r == 2:
+            raise KeyboardInterrupt
+    method, sampler = dp_fedavg_with_sampler(fed, **privacy)
+    with pytest.raises(KeyboardInterrupt):
+        fl.simulate(method, fed, rounds=4, clients_per_round=sampler, seed=0, checkpoint=checkpoint, callback=stop,
+                    **KW)
+
+
 def one_line_error(rc, err):
     assert rc in (1, 2) and "Traceback" not in err and len(err.strip().splitlines()) == 1, (rc, err)
 

@@ -16,24 +16,12 @@ from fedlab_nb.data.federated import FederatedDataset
 from probes import KW as RUN  # noqa: F401
 from probes import REPO, cli, fed10, one_line_error, root_copy, script, trace  # noqa: F401 (fed10: a fixture)
 from probes import numbered_finding as F_  # noqa: F401 (a new finding is marked with it)
-
-CONTROL = ("\x1b", "\x07", "\u202e", "\u2066", "\x9b", "\r", "\u2028", "\u200f", "\x85", "\u061c", "\ufeff")
-PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
-RESULT = {"paper": "tiny", "scale": "smoke", "verdict": "reproduced", "metrics": {"value": 1.0},
-          "claims": [{"id": "value_positive", "verdict": "reproduced", "expect": "> 0", "role": "headline"}]}
-
+from probes import (  # noqa: F401 (shared by the probe files)
+    CONTROL, PNG, RESULT, clean as _clean, no_traceback as _no_traceback, interrupted_dp_run)
 
 def pairs(seed=0, n=3, rows=20):
     rng = np.random.default_rng(seed)
     return [(rng.normal(size=(rows, 5)).astype(np.float32), rng.integers(0, 3, rows)) for _ in range(n)]
-
-
-def _no_traceback(rc, err):
-    assert rc in (0, 1) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
-
-
-def _clean(text):
-    return not any(c in text for c in CONTROL)
 
 
 def _results(tmp_path, **files):
@@ -413,15 +401,8 @@ def test_dp_rounds_stay_noised_with_stragglers_and_sparse_evaluation(fed10, kw, 
                                     dict(delta=1e-3), dict(accountant="pld")])
 def test_dp_resume_with_other_privacy_settings_is_refused(fed10, tmp_path, change):  # held
     from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
-
-    def stop(r, theta, row):
-        if r == 2:
-            raise KeyboardInterrupt
     base = dict(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.3)
-    m1, s1 = dp_fedavg_with_sampler(fed10, **base)
-    with pytest.raises(KeyboardInterrupt):
-        fl.simulate(m1, fed10, rounds=4, clients_per_round=s1, seed=0, checkpoint=tmp_path / "c.pt", callback=stop,
-                    **RUN)
+    interrupted_dp_run(fed10, tmp_path / "c.pt", **base)
     m2, s2 = dp_fedavg_with_sampler(fed10, **{**base, **change})
     with pytest.raises(ValueError, match="checkpoint"):
         fl.simulate(m2, fed10, rounds=4, clients_per_round=s2, seed=0, checkpoint=tmp_path / "c.pt", resume=True,

@@ -23,18 +23,7 @@ import fedlab_nb as fl
 from probes import KW as RUN
 from probes import cli, fed10, one_line_error, root_copy, trace  # noqa: F401 (fed10: a fixture)
 from probes import numbered_finding as F_
-
-CONTROL = ("\x1b", "\x07", "\u202e", "\u2066", "\x9b", "\r", "\u2028", "\u200f", "\x85", "\u061c", "\ufeff")
-RESULT = {"paper": "tiny", "scale": "smoke", "verdict": "reproduced", "metrics": {"value": 1.0},
-          "claims": [{"id": "value_positive", "verdict": "reproduced", "expect": "> 0", "role": "headline"}]}
-
-
-def _clean(text):
-    return not any(c in text for c in CONTROL)
-
-
-def _no_traceback(rc, err):
-    assert rc in (0, 1) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+from probes import (CONTROL, RESULT, clean as _clean, no_traceback as _no_traceback, interrupted_dp_run)  # noqa: F401
 
 
 def _refused_or_finite(call, match):
@@ -674,15 +663,8 @@ def test_a_relative_root_from_the_environment_from_a_sub_folder(tmp_path, monkey
 @pytest.mark.parametrize("change", [dict(noise_multiplier=3.0), dict(clip_norm=5.0), dict(sampling_rate=0.05)])
 def test_dp_resume_with_other_privacy_settings_is_refused(fed10, tmp_path, change):  # held
     from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
-
-    def stop(r, theta, row):
-        if r == 2:
-            raise KeyboardInterrupt
     base = dict(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.2)
-    m1, s1 = dp_fedavg_with_sampler(fed10, **base)
-    with pytest.raises(KeyboardInterrupt):
-        fl.simulate(m1, fed10, rounds=4, clients_per_round=s1, seed=0, checkpoint=tmp_path / "c.pt", callback=stop,
-                    **RUN)
+    interrupted_dp_run(fed10, tmp_path / "c.pt", **base)
     m2, s2 = dp_fedavg_with_sampler(fed10, **{**base, **change})
     with pytest.raises(ValueError, match="checkpoint"):
         fl.simulate(m2, fed10, rounds=4, clients_per_round=s2, seed=0, checkpoint=tmp_path / "c.pt", resume=True,
