@@ -84,6 +84,19 @@ def check_positive_int(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
+MAX_RELEASED_VALUES = 10 ** 8   # 800 MB of float64 noise: the most one call of a private release draws
+
+
+def check_draws(draws, values_per_draw: int) -> int:
+    """`draws` independent releases of `values_per_draw` noised values each: a whole number >= 1 whose
+    [draws, values] array fits in memory (2**40 would be a bare MemoryError deep in numpy)."""
+    draws = check_positive_int("draws (independent releases)", draws)
+    if draws * int(values_per_draw) > MAX_RELEASED_VALUES:
+        raise ValueError(f"draws = {draws} releases of {values_per_draw} values are {draws * int(values_per_draw):,} "
+                         f"values, over the {MAX_RELEASED_VALUES:,} one call draws; draw fewer (or call it again)")
+    return draws
+
+
 MAX_SEED = 2 ** 63  # numpy's SeedSequence and torch.manual_seed take it; a larger one overflows deep inside
 
 

@@ -34,10 +34,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from ...core.registry import register
-from ...utils import check_number, check_positive_int
-
-
-MAX_RELEASED_VALUES = 10 ** 8   # 800 MB of float64 noise in one call
+from ...utils import check_draws, check_number, check_positive_int
 
 
 def _check_epsilon(epsilon) -> float:
@@ -59,14 +56,6 @@ def _check_regions(regions, n_regions: int) -> np.ndarray:
         raise ValueError(f"regions must be integer region ids in 0..{n_regions - 1}, got dtype {regions.dtype}, "
                          f"range [{regions.min()}, {regions.max()}]")
     return regions
-
-
-def _check_draws(draws, n_regions: int) -> int:
-    draws = check_positive_int("draws", draws)
-    if draws * n_regions > MAX_RELEASED_VALUES:  # [draws, n_regions] floats must fit in memory
-        raise ValueError(f"draws = {draws} releases of {n_regions} regions are over the {MAX_RELEASED_VALUES:,} "
-                         "values one call draws; draw fewer")
-    return draws
 
 
 def _check_k(k) -> int:
@@ -159,7 +148,7 @@ def private_region_shares(regions, bits, n_regions: int, epsilon: float, rng: np
     """[draws, n_regions]: each user randomises their bit (binary RR); the server debiases each region's count
     and divides by the region size (public)."""
     regions, bits = _check_regions(regions, n_regions), _check_values(bits, 2).astype(np.int64)
-    draws = _check_draws(draws, n_regions)
+    draws = check_draws(draws, n_regions)
     sizes = np.bincount(regions, minlength=n_regions)
     out = np.empty((draws, n_regions))
     for d in range(draws):
@@ -226,7 +215,7 @@ def private_region_means(regions, values, n_regions: int, bound: float, sigma: f
     """[draws, n_regions]: each user clips their value to [0, bound] and adds N(0, σ²); the server averages."""
     bound = check_number("bound", bound, 0, fix="the values are clipped to [0, bound]: it bounds the sensitivity")
     sigma = check_number("sigma", sigma, 0, fix="the noise std, e.g. gaussian_sigma(epsilon, delta, bound); 0 is none")
-    regions, draws = _check_regions(regions, n_regions), _check_draws(draws, n_regions)
+    regions, draws = _check_regions(regions, n_regions), check_draws(draws, n_regions)
     x = np.asarray(values, np.float64)
     if np.isnan(x).any():  # np.clip keeps NaN: the release would show which region holds it
         raise ValueError(f"values hold {int(np.isnan(x).sum())} NaN value(s); drop or impute them before the release")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.registry import register
-from ...utils import check_number
+from ...utils import check_draws, check_number
 
 BAGGINGS = ("random", "feature")
 
@@ -226,20 +226,13 @@ def _responses(y) -> np.ndarray:
     return y
 
 
-MAX_RELEASED_VALUES = 10 ** 8   # 800 MB of float64 noise in one call
-
-
 def dp_bag_responses(y: np.ndarray, bags: np.ndarray, epsilon: float, clip: float,
                      rng: np.random.Generator, draws: int | None = None) -> np.ndarray:
     """Clip responses to [−clip, clip], average per bag, add Laplace(2·clip/(kε)) to each bag mean:
     [m] (or [draws, m] independent releases)."""
     y = _responses(y)
-    if draws is not None and (isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1):
-        raise ValueError(f"draws must be a whole number >= 1 of independent releases (or None for one), got {draws!r}")
     bags = _check_bags(bags, len(y))
-    if draws is not None and int(draws) * len(bags) > MAX_RELEASED_VALUES:  # [draws, m] floats must fit in memory
-        raise ValueError(f"draws = {draws} releases of {len(bags)} bag means are {draws * len(bags):,} values, over "
-                         f"the {MAX_RELEASED_VALUES:,} one call draws; draw fewer (or call it several times)")
+    draws = None if draws is None else check_draws(draws, len(bags))
     scale = dp_noise_scale(bags.shape[1], epsilon, clip)
     if np.isnan(y).any():  # np.clip keeps NaN: the release would show which bag holds it
         raise ValueError(f"y holds {int(np.isnan(y).sum())} NaN response(s); drop or impute those rows before the "
