@@ -223,6 +223,28 @@ def test_wrong_sampler_is_refused(fed40):
         fl.simulate(fixed, fed40, rounds=2, clients_per_round=dp_sampler(0.25, 40), seed=0, **KW)
 
 
+class _Declared:
+    """A custom Poisson sampler that says how it samples (what DP needs of a sampler it cannot inspect)."""
+    def __init__(self, q, sampling="poisson"):
+        self.sampling, self.sampling_rate = sampling, q
+
+    def __call__(self, r, K, g):
+        return np.flatnonzero(g.random(K) < self.sampling_rate)
+
+
+def test_a_custom_sampler_under_dp_must_declare_the_sampling_before_round_one(fed40):
+    method, seen = dp_fedavg(noise_multiplier=1.0, clip_norm=0.05, sampling_rate=0.1), []
+    with pytest.raises(ValueError, match="sampling='poisson' and sampling_rate=0.1"):  # says nothing
+        fl.simulate(method, fed40, rounds=2, clients_per_round=lambda r, K, g: np.arange(4), seed=0,
+                    callback=lambda *a: seen.append(1), **KW)
+    with pytest.raises(ValueError, match="declaring \\('poisson', 0.5\\)"):  # says another rate
+        fl.simulate(method, fed40, rounds=2, clients_per_round=_Declared(0.5), seed=0,
+                    callback=lambda *a: seen.append(1), **KW)
+    assert not seen
+    h = fl.simulate(method, fed40, rounds=2, clients_per_round=_Declared(0.1), seed=0, **KW)  # says the rule's
+    assert h["epsilon"].iloc[-1] == pytest.approx(accounting.epsilon(0.1, 1.0, 2, 1e-5))
+
+
 def test_unclipped_or_size_weighted_updates_are_refused():
     rule = DPAggregate(1.0, 0.1, 0.1)
     state = rule.init_state(torch.zeros(1), 100)

@@ -13,7 +13,7 @@ import torch
 import fedlab_nb as fl
 from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg, dp_fedavg_with_sampler, local_dp_fedavg
 from fedlab_nb.methods.privacy.dp import dp_sampler
-from probes import KW, fed10, root_copy
+from probes import KW, declared, fed10, root_copy
 
 INF, NAN = float("inf"), float("nan")
 
@@ -56,7 +56,7 @@ def test_dp_variants_noise_every_empty_round(fed10, kw):
 
 def test_dp_custom_sampler_that_returns_nobody_still_noises(fed10):
     method = dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.1)
-    sampler = lambda r, K, g: np.array([3]) if r % 2 else np.array([], dtype=np.int64)
+    sampler = declared(lambda r, K, g: np.array([3]) if r % 2 else np.array([], dtype=np.int64), 0.1)
     h, seen = theta_trace(method, fed10, sampler, 4)
     assert all(not torch.equal(a, b) for a, b in zip(seen[1:], seen[:-1])) and np.isfinite(h["epsilon"]).all()
 

@@ -18,7 +18,7 @@ from fedlab_nb.core.messages import Messages
 from fedlab_nb.methods.heterogeneity.agnostic_fl import AgnosticRule, agnostic_fl, project_simplex
 from fedlab_nb.methods.heterogeneity.qffl import qffl
 from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg
-from probes import KW, cli, fed10, one_line_error, root_copy
+from probes import KW, cli, declared, fed10, one_line_error, root_copy
 
 
 def F(n, why):
@@ -191,14 +191,14 @@ def test_dp_custom_sampler_that_always_picks_the_same_clients_is_refused(fed10):
         return np.arange(g.binomial(K, 0.1))
     method = dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.1)
     with pytest.raises(ValueError, match="client 0"):
-        fl.simulate(method, fed10, rounds=40, clients_per_round=lowest, seed=0, **KW)
+        fl.simulate(method, fed10, rounds=40, clients_per_round=declared(lowest, 0.1), seed=0, **KW)
 
 
 def test_dp_custom_poisson_sampler_still_runs(fed10):  # held: a fair custom sampler is not refused
     def fair(r, K, g):
         return np.flatnonzero(g.random(K) < 0.3)
     method = dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.3)
-    h = fl.simulate(method, fed10, rounds=40, clients_per_round=fair, seed=0, **KW)
+    h = fl.simulate(method, fed10, rounds=40, clients_per_round=declared(fair, 0.3), seed=0, **KW)
     assert np.isfinite(h["epsilon"]).all()
 
 

@@ -21,7 +21,7 @@ from fedlab_nb.engine import batched
 from fedlab_nb.engine.client import make_loss, train_clients_loop
 from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg
 from fedlab_nb.models import flatten_params
-from probes import REPO, root_copy, script
+from probes import REPO, declared, root_copy, script
 from probes import numbered_finding as F_
 
 KW = dict(rounds=1, local_epochs=1, batch_size=8, lr=0.1, progress=False, seed=0)
@@ -221,7 +221,7 @@ def test_load_adult_more_bad_arguments_are_named(kw, name):  # held: checked bef
 def test_dp_fixed_sampling_with_a_fractional_qk_is_refused(cpr):  # held: q = 0.35, K = 10 would run 4 a round
     fed = fl.federate("digits", "iid", n_clients=10, seed=0)
     method = dp_fedavg(noise_multiplier=1.0, clip_norm=0.5, sampling_rate=0.35, sampling="fixed")
-    sampler = (lambda r, K, g: g.choice(K, 4, replace=False)) if cpr == "sampler" else cpr
+    sampler = declared(lambda r, K, g: g.choice(K, 4, replace=False), 0.35, "fixed") if cpr == "sampler" else cpr
     with pytest.raises(ValueError, match="whole number"):
         fl.simulate(method, fed, "logreg", clients_per_round=sampler, **KW)
 

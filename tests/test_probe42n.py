@@ -558,11 +558,12 @@ def test_label_dp_numpy_draws_that_overflow_the_size_check_are_named():
 
 
 # ================================================================================ (5) printable: \xNN ambiguity
-@F_(21, "printable shows a non-UTF-8 byte of a file name as \\xNN, exactly as it shows a name that holds the four "
-        "characters '\\xff': tiny-sm<0xff>oke.json and tiny-sm\\xffoke.json print the same")
 def test_printable_tells_a_non_utf8_byte_from_its_escape_written_out():
     from fedlab_nb.repro.results import printable
     assert printable(os.fsdecode(b"tiny-sm\xffoke.json")) != printable("tiny-sm\\xffoke.json")
+    names = [os.fsdecode(b) for b in (b"a\xff", b"a\\xff", b"a\\\xff", b"a\\\\xff", b"a\\\\\xff", b"a\\x", b"a\\\\x")]
+    assert len({printable(n) for n in names}) == len(names), [printable(n) for n in names]  # one name, one print
+    assert printable("a \\shorten $\\ell_2$") == "a \\shorten $\\ell_2$"  # LaTeX in a claim prints as it was
 
 
 @pytest.mark.parametrize("text", ["a\u2029b", "a\u180eb", "a\U000e0041b", "a\u00adb", "a\ud800b", "a\x7fb"],
@@ -622,9 +623,6 @@ def test_flower_non_finite_replies_are_refused_naming_the_client(fed10, field): 
 
 
 # ================================================================================ (1) DP: a custom sampler, short runs
-@F_(23, "dp_fedavg(q=0.1) with a custom sampler that picks the same 5 of 10 clients every round: the sampling "
-        "check needs 5 rounds, so a 4-round run finishes with the Poisson(q=0.1) epsilon 2.76 while those clients "
-        "took part in every round (q = 1: epsilon 10.7)")
 def test_dp_with_a_custom_sampler_never_reports_an_epsilon_below_what_it_released(fed10):
     from fedlab_nb.methods.privacy import accounting
     from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg

@@ -34,15 +34,24 @@ _CONTROL = re.compile("[\ud800-\udfff\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u0600-\u0
 # a file name's bytes that are not UTF-8 reach Python as surrogates U+DC80-U+DCFF (os.fsdecode): shown as \xNN, so
 # `tiny-sm\xffoke.json` is never printed as `tiny-smoke.json`, another file
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
+# a backslash of the text before x, another backslash or such a byte: doubled, so \xNN means a byte, \\ a backslash
+_AMBIGUOUS_BACKSLASH = re.compile("\\\\(?=[x\\\\\udc80-\udcff])")
 
 
 def printable(text, limit: int | None = None) -> str:
     """`text` from a file (claims file, result JSON), safe to print on a terminal: control characters (escape
     sequences, CR, BEL, C1 codes, bidi overrides, and lone surrogates from a '\\ud800' escape, which a UTF-8
     terminal cannot print) are dropped, a file name's bytes that are not UTF-8 shown as \\xNN, tabs and
-    newlines become spaces; `limit` shortens it (with '…')."""
-    text = _CONTROL.sub("", _UNDECODABLE.sub(_byte_escape, str(text))).replace("\t", " ").replace("\n", " ")
+    newlines become spaces; `limit` shortens it (with '…'). A backslash of the text itself is doubled where it is
+    followed by x or a backslash, so a name holding the characters '\\xff' never prints as one with the byte 0xff."""
+    text = _CONTROL.sub(_keep_bytes, str(text)).replace("\t", " ").replace("\n", " ")
+    text = _UNDECODABLE.sub(_byte_escape, _AMBIGUOUS_BACKSLASH.sub(r"\\\\", text))
     return text if limit is None or len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+def _keep_bytes(match) -> str:
+    """A control character goes; a file name's undecodable byte stays, to be shown as \\xNN."""
+    return match.group() if _UNDECODABLE.fullmatch(match.group()) else ""
 
 
 def _byte_escape(match) -> str:

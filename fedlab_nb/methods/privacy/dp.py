@@ -328,8 +328,9 @@ class DPAggregate:
     def check_sampler(self, sampler, num_clients: int) -> None:
         """Before round 1: refuse a built-in sampler (an int, a fraction or None as clients_per_round, or a
         Bernoulli sampler of other probabilities) that is not the sampling the accountant assumes, since the ε it
-        reports would not hold for the run. A custom sampler is checked from its round sizes and how often each
-        client takes part (`_check_sampling`)."""
+        reports would not hold for the run; and a custom sampler that does not declare this sampling (its
+        `sampling` and `sampling_rate` attributes). A declared one is also checked from its round sizes and how
+        often each client takes part (`_check_sampling`), which needs a few rounds to tell."""
         K, q = int(num_clients), self.sampling_rate
         if isinstance(sampler, BernoulliSampler):
             p = np.asarray(sampler.probabilities, dtype=float)
@@ -341,7 +342,12 @@ class DPAggregate:
             ok = (self.sampling == "fixed" and m == round(q * K)) or (q == 1 and m == K)
             got = f"a fixed {m} of the {K} clients every round"
         else:
-            return
+            ok, got = _declared(sampler) == (self.sampling, q), f"a custom sampler declaring {_declared(sampler)}"
+            if not ok and _declared(sampler) == (None, None):
+                raise ValueError("clients_per_round: a custom sampler under DP must say how it samples, since the ε "
+                                 "the rule reports holds only for its sampling: give it the attributes sampling="
+                                 f"{self.sampling!r} and sampling_rate={q} (each client taking part with probability q), "
+                                 "or pass dp_sampler(q, K, sampling) as clients_per_round")
         if ok:
             return
         fix = ("build the sampler with dp_sampler(q, K, sampling) — or dp_fedavg_with_sampler(fed, ...) — and pass it "
@@ -422,6 +428,12 @@ class CappedWeighting:
         """W = Σ_k w_k over all users, from every user's n_k."""
         n = np.asarray(sizes, dtype=float)
         return float(len(n)) if self.cap is None else float(np.minimum(n / self.cap, 1.0).sum())
+
+
+def _declared(sampler) -> tuple:
+    """What a custom sampler says of its sampling: (sampling, sampling_rate), (None, None) when it says nothing;
+    it is still checked against the clients it picks, round by round (`_check_sampling`)."""
+    return getattr(sampler, "sampling", None), getattr(sampler, "sampling_rate", None)
 
 
 def dp_sampler(q: float, num_clients: int, sampling: str = "poisson"):
