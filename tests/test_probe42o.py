@@ -1,0 +1,313 @@
+"""Probe 42o: a fifteenth, independent re-run of issue 42's failure classes, aimed first at what is new since the
+fourteenth (check_number's bounds on exact and extended-precision numbers, FedSVD's accountant helpers, a custom
+DP sampler's declaration and the round-by-round check of what it declares, printable's one name one print,
+publish's copy fallback on a full disk, History.save's shared-metadata check and roll-back, a quoted ~user in the
+paths, the claims parameters' finiteness, data fetch's archive, CIFAR batches, secure aggregation's fixed point)
+and at variants the earlier test_probe42*.py do not try: a Fraction or a long double epsilon, negative rounds
+times negative steps, a sampler that declares Poisson sampling and takes everyone, zero-width and tab characters in
+a result file's name, a copy cut short by ENOSPC, run_lr0.1 beside run_lr0.1.csv, a Latin-1 CSV rolled back,
+~nosuchuser in --results / --root / FEDLAB_NB_RESULTS, a bit-flipped gzip download, corrupt CIFAR batches and a
+clip·scale past float64. Each test asserts the correct behaviour; a test marked xfail(strict=True) is an open
+finding (its reason says what is wrong), so the suite stays green until it is fixed."""
+import errno
+import functools
+import io
+import json
+import os
+import pickle
+import tarfile
+from fractions import Fraction
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fedlab_nb as fl
+from probes import KW as RUN
+from probes import RESULT, cli, declared, fed10, one_line_error, root_copy  # noqa: F401 (fed10: a fixture)
+from probes import numbered_finding as F_
+from probes import clean as _clean, no_traceback as _no_traceback
+
+
+def _dp(q=0.1, **kw):
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg
+    return dp_fedavg(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=q, **kw)
+
+
+# ================================================================================ (new code) check_number's bounds
+@F_(1, "check_number('epsilon', Fraction(1, 10**400), 0) passes the exact test > 0 and returns float 0.0, so "
+       "dp_bag_responses divides by it (bare ZeroDivisionError)")
+@pytest.mark.parametrize("value", [Fraction(1, 10 ** 400), np.longdouble("1e-4000")], ids=["fraction", "longdouble"])
+def test_check_number_never_returns_a_value_outside_its_bounds(value):
+    from fedlab_nb.utils import check_number
+    try:
+        out = check_number("epsilon", value, 0)
+    except ValueError as e:
+        assert "epsilon" in str(e)
+        return
+    assert out > 0, out
+
+
+@F_(1, "a Fraction epsilon below float's range reaches dp_bag_responses as 0.0: bare ZeroDivisionError")
+def test_label_dp_with_an_exact_epsilon_below_float_range_is_refused_naming_it():
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="epsilon"):
+        A.dp_bag_responses(rng.normal(size=20), A.random_bags(20, 4, rng), Fraction(1, 10 ** 400), 1.0, rng)
+
+
+def test_check_number_refuses_an_extended_precision_infinity():  # held
+    from fedlab_nb.utils import check_number
+    with pytest.raises(ValueError, match="x must be"):
+        check_number("x", np.longdouble("1e5000"), 0)
+
+
+# ================================================================================ (1) DP: FedSVD's accountant helpers
+@F_(2, "fedsvd.spent_epsilon / noise_multiplier_for take rounds=-3 with local_steps=-2 and answer for 6 steps")
+@pytest.mark.parametrize("helper", ["spent_epsilon", "noise_multiplier_for"])
+def test_fedsvd_accounting_refuses_negative_rounds_and_steps(helper):
+    from fedlab_nb.methods.privacy import fedsvd
+    with pytest.raises(ValueError, match="rounds|local_steps"):
+        getattr(fedsvd, helper)(1.0, 1e-5, 0.1, -3, -2)
+
+
+@F_(3, "fedsvd.noise_multiplier_for(np.array(1.0), ...) is a bare 'unhashable type' TypeError from its lru_cache")
+def test_fedsvd_noise_multiplier_for_a_numpy_epsilon_is_answered_or_named():
+    from fedlab_nb.methods.privacy import fedsvd
+    try:
+        z = fedsvd.noise_multiplier_for(np.array(1.0), 1e-5, 0.1, 3, 2)
+    except ValueError as e:
+        assert "epsilon" in str(e)
+        return
+    assert np.isfinite(z) and z > 0
+
+
+# ================================================================================ (new code) DP: a declared sampler
+@F_(4, "a custom sampler declaring Poisson q=0.1 that takes all 10 clients in each of 4 rounds runs to the end and "
+       "reports the ε of q=0.1 (P(10 of 10) = 1e-10 a round; the check waits for round 5)")
+def test_a_sampler_declaring_poisson_that_takes_everyone_is_refused(fed10):
+    liar = declared(lambda r, K, g: np.arange(K), 0.1)
+    with pytest.raises(ValueError, match="q=0.1"):
+        fl.simulate(_dp(0.1), fed10, rounds=4, clients_per_round=liar, seed=0, **RUN)
+
+
+def test_a_partial_sampler_without_a_declaration_is_refused_before_round_one(fed10):  # held
+    def pick(r, K, g, m):
+        return g.choice(K, m, replace=False)
+    with pytest.raises(ValueError, match="sampling_rate"):
+        fl.simulate(_dp(0.1), fed10, rounds=2, clients_per_round=functools.partial(pick, m=1), seed=0, **RUN)
+
+
+@pytest.mark.parametrize("declaration", [("poisson", 0.1000001), ("Poisson", 0.1), ("fixed", 0.1), ("poisson", "0.1")],
+                         ids=["rate off by 1e-7", "capitalised", "fixed for poisson", "rate as text"])
+def test_a_sampler_declaring_other_sampling_is_refused_before_round_one(fed10, declaration):  # held
+    rounds_run = []
+    sampler = declared(lambda r, K, g: rounds_run.append(r) or np.flatnonzero(g.random(K) < 0.1), declaration[1],
+                       declaration[0])
+    with pytest.raises(ValueError, match="clients_per_round"):
+        fl.simulate(_dp(0.1), fed10, rounds=2, clients_per_round=sampler, seed=0, **RUN)
+    assert rounds_run == []
+
+
+def test_a_callable_object_declaring_its_sampling_runs(fed10):  # held
+    class Poisson:
+        sampling, sampling_rate = "poisson", 0.3
+
+        def __call__(self, r, K, g):
+            return np.flatnonzero(g.random(K) < 0.3)
+    h = fl.simulate(_dp(0.3), fed10, rounds=3, clients_per_round=Poisson(), seed=0, **RUN)
+    assert np.isfinite(h["epsilon"]).all()
+
+
+def test_flower_setup_refuses_an_undeclared_custom_sampler_under_dp(fed10):  # held
+    pytest.importorskip("flwr")
+    from fedlab_nb.flower import _setup
+    with pytest.raises(ValueError, match="sampling_rate"):
+        _setup(_dp(0.1), fed10, "logreg", rounds=1, clients_per_round=lambda r, K, g: np.array([0]))
+
+
+# ================================================================================ (5, new code) printable
+@F_(5, "printable drops a zero-width space, so results/tiny-sm\\u200boke.json lists as 'smoke: reproduced' like "
+       "tiny-smoke.json (and a tab prints as a space): two files, one printed name")
+@pytest.mark.parametrize("pair", [("sm\u200boke", "smoke"), ("a\tb", "a b"), ("a\x00b", "ab")],
+                         ids=["zero width space", "tab", "NUL"])
+def test_printable_never_prints_two_names_the_same(pair):
+    from fedlab_nb.repro.results import printable
+    assert printable(pair[0]) != printable(pair[1])
+
+
+@pytest.mark.parametrize("pair", [("\\\udcff", "\\\\xff"), ("x\\", "x\\\\"), ("\\\u200bx", "\\\\x"),
+                                  ("\udcff\\", "\\xff\\")],
+                         ids=["backslash then byte", "trailing backslash", "backslash zero width x", "byte then backslash"])
+def test_printable_keeps_backslash_and_byte_names_apart(pair):  # held
+    from fedlab_nb.repro.results import printable
+    assert printable(pair[0]) != printable(pair[1])
+
+
+@F_(5, "list prints results/tiny-smoke.json and tiny-sm\\u200boke.json both as 'smoke: reproduced'")
+def test_list_shows_a_result_named_with_a_zero_width_space_distinctly(tmp_path):
+    root = root_copy(tmp_path)
+    res = root / "results"
+    res.mkdir()
+    for scale in ("smoke", "sm\u200boke"):
+        (res / f"tiny-{scale}.json").write_text(json.dumps({**RESULT, "scale": scale}))
+    rc, out, err = cli(["--root", root, "list"])
+    _no_traceback(rc, err)
+    assert _clean(out + err)
+    line = next(x for x in out.splitlines() if x.startswith("tiny"))
+    assert line.count("smoke: reproduced") < 2, line
+
+
+# ================================================================================ (7, new code) publish, copy fallback
+@F_(6, "where hard links fail, a copy cut short by ENOSPC while setting the old notebook aside is 'put back' over "
+       "the intact old notebook: results/tiny-smoke.ipynb is left truncated")
+def test_a_full_disk_during_the_copy_fallback_keeps_the_old_result_intact(tmp_path):
+    from fedlab_nb.repro import files
+    out = tmp_path / "results"
+    staging = out / ".tiny-smoke.x.running"
+    staging.mkdir(parents=True)
+    old = {"tiny-smoke.ipynb": "old notebook " * 50, "tiny-smoke.json": '{"old": 1}'}
+    for name, text in old.items():
+        (out / name).write_text(text)
+        (staging / name).write_text("new")
+
+    def no_link(a, b):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    def half_copy(src, dst, **kw):
+        data = Path(src).read_bytes()
+        Path(dst).write_bytes(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with mock.patch.object(files.os, "link", no_link), mock.patch.object(files.shutil, "copy2", half_copy):
+        with pytest.raises(OSError):
+            files.publish(staging, out, list(old))
+    assert {name: (out / name).read_text() for name in old} == old
+
+
+# ================================================================================ (7, new code) History.save
+def _history(acc, lr):
+    from fedlab_nb.core.history import History
+    h = History(pd.DataFrame({"round": list(range(1, len(acc) + 1)), "test_acc": acc}))
+    h.meta = {"lr": lr}
+    return h
+
+
+@F_(7, "History.save('run_lr0.1') beside run_lr0.1.csv replaces run_lr0.1.csv's metadata run_lr0.1.json "
+       "(_refuse_shared_metadata looks only at run_lr0 / run_lr0.csv)")
+def test_history_save_to_a_dotted_name_keeps_the_csv_twins_metadata(tmp_path):
+    _history([0.5, 0.6], 0.1).save(tmp_path / "run_lr0.1.csv")
+    try:
+        _history([0.9], 0.5).save(tmp_path / "run_lr0.1")
+    except ValueError as e:
+        assert "run_lr0.1" in str(e)
+    assert json.loads((tmp_path / "run_lr0.1.json").read_text()) == {"lr": 0.1}
+
+
+@F_(8, "History.save stopped between its files over an old CSV that is not UTF-8 (Latin-1) leaves the new rows "
+       "beside the old metadata: the roll-back decodes the old bytes as UTF-8 and gives up silently")
+def test_history_save_stopped_between_its_files_restores_an_old_latin1_csv(tmp_path):
+    from fedlab_nb.core import history as H
+    path = tmp_path / "old.csv"
+    before = "round,note\n1,caf\xe9\n".encode("latin-1")
+    path.write_bytes(before)
+    (tmp_path / "old.json").write_text('{"lr": 1}')
+    real = H._write_atomic
+
+    def stop_at_metadata(p, text):
+        if p.suffix == ".json":
+            raise KeyboardInterrupt
+        real(p, text)
+    with mock.patch.object(H, "_write_atomic", stop_at_metadata), pytest.raises(KeyboardInterrupt):
+        _history([0.5], 0.1).save(path)
+    assert path.read_bytes() == before
+
+
+# ================================================================================ (2, new code) a quoted ~user
+@F_(9, "--results '~nosuchuser/res', --root '~nosuchuser' or FEDLAB_NB_RESULTS='~nosuchuser/r' is a bare "
+       "RuntimeError ('Could not determine home directory') from Path.expanduser, a traceback")
+@pytest.mark.parametrize("where", ["--results", "--root", "environment"])
+def test_a_tilde_user_that_does_not_exist_is_one_line(tmp_path, monkeypatch, where):
+    root = root_copy(tmp_path)
+    args = {"--results": ["--root", root, "--results", "~nosuchuser42/res", "list"],
+            "--root": ["--root", "~nosuchuser42/root", "list"],
+            "environment": ["--root", root, "list"]}[where]
+    if where == "environment":
+        monkeypatch.setenv("FEDLAB_NB_RESULTS", "~nosuchuser42/r")
+    rc, out, err = cli(args)
+    one_line_error(rc, err)
+    assert "nosuchuser42" in err
+
+
+# ================================================================================ (8) data fetch and CIFAR batches
+@F_(10, "a gzip archive with flipped bytes inside extracts silently with other contents (no checksum; the gzip "
+        "CRC is never read since tarfile stops at the end-of-archive blocks)")
+def test_a_bit_flipped_gzip_download_is_refused_not_extracted_altered(tmp_path):
+    from fedlab_nb.data import fetch
+    data = np.random.default_rng(0).bytes(200_000)
+    archive = tmp_path / "x.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("a/b.bin")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    raw = bytearray(archive.read_bytes())
+    for i in range(200, len(raw) - 200, 997):
+        raw[i] ^= 0xFF
+    archive.write_bytes(bytes(raw))
+    try:
+        fetch._extract(archive, tmp_path / "out")
+    except ValueError as e:
+        assert "x.tar.gz" in str(e)
+        return
+    assert (tmp_path / "out" / "a" / "b.bin").read_bytes() == data
+
+
+def _cifar_folder(tmp_path, first):
+    folder = tmp_path / "cifar"
+    folder.mkdir()
+    good = pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1]}, protocol=2)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(good)
+    (folder / "data_batch_1").write_bytes(first(good))
+    return folder
+
+
+@F_(11, "a corrupt CIFAR-10 batch (cut short, a list, no labels) is a bare UnpicklingError / TypeError / KeyError "
+        "b'labels' that names neither the file nor the fix")
+@pytest.mark.parametrize("corrupt", ["truncated", "a list", "no labels"])
+def test_a_corrupt_cifar_batch_is_a_named_error(tmp_path, corrupt):
+    from fedlab_nb.data import datasets
+    first = {"truncated": lambda good: good[:50], "a list": lambda good: pickle.dumps([1, 2], protocol=2),
+             "no labels": lambda good: pickle.dumps({b"data": np.zeros((2, 3072), np.uint8)}, protocol=2)}[corrupt]
+    folder = _cifar_folder(tmp_path, first)
+    with pytest.raises(ValueError, match="data_batch_1"):
+        datasets.load_cifar10(str(folder))
+
+
+def test_a_cifar_batch_naming_a_builtin_is_refused(tmp_path):  # held
+    from fedlab_nb.data import datasets
+    hostile = b"cbuiltins\neval\n(S'1+1'\ntR."
+    folder = _cifar_folder(tmp_path, lambda good: hostile)
+    with pytest.raises(pickle.UnpicklingError, match="builtins.eval"):
+        datasets.load_cifar10(str(folder))
+
+
+# ================================================================================ (6) secure aggregation's fixed point
+@F_(12, "FixedPoint(clip=1e200, scale=1e200) or clip=10**400 is a bare OverflowError, not a ValueError naming clip")
+@pytest.mark.parametrize("settings", [dict(clip=1e200, scale=1e200), dict(clip=10 ** 400),
+                                      dict(clip=np.float32(1e30), scale=np.float32(1e30))],
+                         ids=["product past float64", "int past float64", "float32 product"])
+def test_fixed_point_with_a_clip_scale_past_float_range_is_named(settings):
+    from fedlab_nb.methods.privacy.secure_aggregation import FixedPoint
+    with pytest.raises(ValueError, match="clip|scale"):
+        FixedPoint(**settings)
+
+
+# ================================================================================ (4) claims parameters typed
+@pytest.mark.parametrize("value", ["2024-01-01", "!!binary aGk=", "!!set {a, b}"], ids=["date", "bytes", "set"])
+def test_a_claims_parameter_of_a_yaml_only_type_is_refused_before_a_kernel(tmp_path, value):  # held
+    root = root_copy(tmp_path, lambda t: t.replace("parameters: {n_points: 4}", f"parameters: {{value: {value}}}"))
+    rc, out, err = cli(["--root", root, "reproduce", "tiny", "-j", "1"])
+    assert rc != 0 and "Traceback" not in err and "value" in err, (rc, err)
+    assert not (root / "results" / "tiny-smoke.json").exists()
