@@ -311,3 +311,110 @@ def test_a_claims_parameter_of_a_yaml_only_type_is_refused_before_a_kernel(tmp_p
     rc, out, err = cli(["--root", root, "reproduce", "tiny", "-j", "1"])
     assert rc != 0 and "Traceback" not in err and "value" in err, (rc, err)
     assert not (root / "results" / "tiny-smoke.json").exists()
+
+
+# ================================================================================ (1) DP: other entry points' numbers
+@F_(13, "dp_fedavg(noise_multiplier=10**400) (also server_lr, clip_lr with adaptive, local_dp_fedavg's z) is a bare "
+        "OverflowError, not a ValueError naming the argument as check_number gives")
+@pytest.mark.parametrize("kw", [dict(noise_multiplier=10 ** 400), dict(server_lr=10 ** 400),
+                                dict(clip_lr=10 ** 400, adaptive=True), "local noise_multiplier"],
+                         ids=["noise_multiplier", "server_lr", "clip_lr", "local_dp_fedavg"])
+def test_dp_fedavg_arguments_past_float64_are_named(kw):
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg, local_dp_fedavg
+    with pytest.raises(ValueError, match="noise_multiplier|lr"):
+        local_dp_fedavg(noise_multiplier=10 ** 400) if isinstance(kw, str) else dp_fedavg(**kw)
+
+
+@F_(14, "accounting.noise_for_epsilon(Fraction(1, 10**400), ...) is a bare numpy TypeError ('ufunc isnan not "
+        "supported'), not a ValueError naming target_epsilon")
+def test_noise_for_an_exact_tiny_target_epsilon_is_named():
+    from fedlab_nb.methods.privacy import accounting
+    try:
+        z = accounting.noise_for_epsilon(Fraction(1, 10 ** 400), 0.1, 10, 1e-5)
+    except ValueError as e:
+        assert "epsilon" in str(e)
+        return
+    assert np.isfinite(z)
+
+
+@F_(15, "accounting.dp_event(0.1, 1.0, steps=-1) builds a dp_accounting event of -1 compositions (epsilon() "
+        "refuses the same steps)")
+def test_dp_event_refuses_what_epsilon_refuses():
+    from fedlab_nb.methods.privacy import accounting
+    with pytest.raises(ValueError, match="steps"):
+        accounting.dp_event(0.1, 1.0, -1)
+
+
+def test_dp_with_a_declared_sampler_resumed_mid_run_accounts_as_the_uninterrupted_run(fed10, tmp_path):  # held
+    def poisson(r, K, g):
+        return np.flatnonzero(g.random(K) < 0.3)
+    method = _dp(0.3)
+    full = fl.simulate(method, fed10, rounds=4, clients_per_round=declared(poisson, 0.3), seed=0, **RUN)
+
+    def stop(r, theta, row):
+        if r == 2:
+            raise KeyboardInterrupt
+    ck = tmp_path / "ck.pt"
+    with pytest.raises(KeyboardInterrupt):
+        fl.simulate(method, fed10, rounds=4, clients_per_round=declared(poisson, 0.3), seed=0, checkpoint=ck,
+                    callback=stop, **RUN)
+    resumed = fl.simulate(method, fed10, rounds=4, clients_per_round=declared(poisson, 0.3), seed=0, checkpoint=ck,
+                          **RUN)
+    assert list(resumed["epsilon"]) == list(full["epsilon"])
+
+
+@F_(1, "dp_fedavg(sampling_rate=Fraction(1, 10**400)) is built with q = 0.0 and the run stops in noise_std on a bare "
+       "ZeroDivisionError")
+def test_dp_fedavg_with_a_sampling_rate_below_float_range_is_named(fed10):
+    method = _dp(Fraction(1, 10 ** 400))
+    with pytest.raises(ValueError, match="q|sampling"):
+        fl.simulate(method, fed10, rounds=1, clients_per_round=declared(lambda r, K, g: np.array([0]), 0.0), seed=0,
+                    **RUN)
+
+
+# ================================================================================ (3, 8) odd claims files in papers/
+@F_(16, "a dangling link (or a link loop) at papers/evil.yaml gives 'unknown paper 'evil' (no papers/evil.yaml); "
+        "did you mean evil?': a fix that names the same paper, not the broken link")
+@pytest.mark.parametrize("target", ["/nonexistent/x.yaml", "evil.yaml"], ids=["dangling", "loop"])
+def test_a_broken_link_at_a_claims_file_is_named_as_a_link(tmp_path, target):
+    root = root_copy(tmp_path)
+    os.symlink(target, root / "papers" / "evil.yaml")
+    rc, out, err = cli(["--root", root, "params", "evil"])
+    one_line_error(rc, err)
+    assert "did you mean evil?" not in err and "link" in err, err
+
+
+@pytest.mark.parametrize("make", ["fifo", "folder", "/dev/zero", "two documents", "python tag", "escape in name"])
+def test_odd_files_in_papers_are_one_line_and_others_still_list(tmp_path, make):  # held
+    root = root_copy(tmp_path)
+    papers = root / "papers"
+    if make == "fifo":
+        os.mkfifo(papers / "evil.yaml")
+    elif make == "folder":
+        (papers / "evil.yaml").mkdir()
+    elif make == "/dev/zero":
+        os.symlink("/dev/zero", papers / "evil.yaml")
+    elif make == "escape in name":
+        (papers / "ev\x1b[31mil.yaml").write_text("id: x\n")
+    else:
+        text = {"two documents": "id: evil\n---\nid: x\n",
+                "python tag": "id: !!python/object/apply:os.system ['echo hi']\n"}[make]
+        (papers / "evil.yaml").write_text(text)
+    rc, out, err = cli(["--root", root, "list"])
+    _no_traceback(rc, err)
+    assert rc == 1 and any(line.startswith("tiny") for line in out.splitlines()) and _clean(out + err)
+    assert len([line for line in err.splitlines() if line.strip()]) == 1, err
+
+
+# ================================================================================ (2) a quoted ~ that exists
+def test_a_quoted_tilde_results_is_the_home_folder_for_report(tmp_path, monkeypatch):  # held
+    root = root_copy(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("FEDLAB_NB_RESULTS", "~/res")
+    (home / "res").mkdir()
+    (home / "res" / "tiny-smoke.json").write_text(json.dumps(RESULT))
+    rc, out, err = cli(["--root", root, "report"])
+    _no_traceback(rc, err)
+    assert (home / "res" / "REPORT.md").is_file() and not (root / "~").exists()
