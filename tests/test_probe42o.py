@@ -358,9 +358,15 @@ def test_dp_with_a_declared_sampler_resumed_mid_run_accounts_as_the_uninterrupte
     with pytest.raises(KeyboardInterrupt):
         fl.simulate(method, fed10, rounds=4, clients_per_round=declared(poisson, 0.3), seed=0, checkpoint=ck,
                     callback=stop, **RUN)
-    resumed = fl.simulate(method, fed10, rounds=4, clients_per_round=declared(poisson, 0.3), seed=0, checkpoint=ck,
-                          **RUN)
-    assert list(resumed["epsilon"]) == list(full["epsilon"])
+    called = []
+
+    def counted(r, K, g):
+        called.append(r)
+        return poisson(r, K, g)
+    counted.__qualname__ = poisson.__qualname__
+    resumed = fl.simulate(method, fed10, rounds=4, clients_per_round=declared(counted, 0.3), seed=0, checkpoint=ck,
+                          resume=True, **RUN)
+    assert list(resumed["epsilon"]) == list(full["epsilon"]) and called == [2, 3]
 
 
 @F_(1, "dp_fedavg(sampling_rate=Fraction(1, 10**400)) is built with q = 0.0 and the run stops in noise_std on a bare "
@@ -418,3 +424,28 @@ def test_a_quoted_tilde_results_is_the_home_folder_for_report(tmp_path, monkeypa
     rc, out, err = cli(["--root", root, "report"])
     _no_traceback(rc, err)
     assert (home / "res" / "REPORT.md").is_file() and not (root / "~").exists()
+
+
+# ================================================================================ (6) Flower replies' counts
+@F_(17, "a Flower reply claiming num-examples = 2**52 (the client holds 115 rows of the federation the server "
+        "was given) is aggregated with that weight: one client's delta becomes the whole FedAvg step")
+def test_flower_reply_num_examples_past_the_clients_data_is_refused(fed10):
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    n = s.theta.numel()
+    replies = [flower_reply(s, k, delta=np.full(n, 1.0 if k == 2 else 0.01, np.float32),
+                            **({"num-examples": 2 ** 52} if k == 2 else {})) for k in range(3)]
+    with pytest.raises(ValueError, match="client 2"):
+        s.aggregate_train(1, replies)
+
+
+@pytest.mark.parametrize("bad", [{"num-examples": -5}, {"num-examples": 1.5}, {"steps": -1}, {"bytes-up": -1},
+                                 {"train-loss": "x"}, {"num-examples": True}, {"train-loss": [0.5]}, {"evil": 1}],
+                         ids=["negative count", "fractional count", "negative steps", "negative bytes", "text loss",
+                              "bool count", "list loss", "extra metric"])
+def test_flower_reply_metrics_of_the_wrong_kind_are_refused_naming_the_client(fed10, bad):  # held
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    replies = [flower_reply(s, k, **(bad if k == 2 else {})) for k in range(3)]
+    with pytest.raises(ValueError, match="client 2"):
+        s.aggregate_train(1, replies)
