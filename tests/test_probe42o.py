@@ -449,3 +449,54 @@ def test_flower_reply_metrics_of_the_wrong_kind_are_refused_naming_the_client(fe
     replies = [flower_reply(s, k, **(bad if k == 2 else {})) for k in range(3)]
     with pytest.raises(ValueError, match="client 2"):
         s.aggregate_train(1, replies)
+
+
+# ================================================================================ (4) a notebook linked out
+@pytest.mark.parametrize("link", ["the notebook", "the notebooks folder"])
+def test_a_claims_notebook_reached_through_a_link_out_of_the_root_is_refused(tmp_path, link):  # held
+    root = root_copy(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if link == "the notebook":
+        (root / "notebooks" / "tiny.ipynb").rename(outside / "tiny.ipynb")
+        os.symlink(outside / "tiny.ipynb", root / "notebooks" / "tiny.ipynb")
+    else:
+        (root / "notebooks").rename(outside / "nbs")
+        os.symlink(outside / "nbs", root / "notebooks")
+    rc, out, err = cli(["--root", root, "params", "tiny"])
+    one_line_error(rc, err)
+    assert "outside the repository" in err
+
+
+# ================================================================================ (1) DP: the explorer widget
+@pytest.mark.parametrize("clients, per_round", [(10, 3), (7, 3), (10, 10)])
+def test_the_explorers_dp_run_accounts_its_own_m_of_k(clients, per_round):  # held
+    from fedlab_nb.methods.privacy.dp import central_epsilon
+    from fedlab_nb.widgets import run_explorer_config
+    h = run_explorer_config("dp_fedavg", dataset="digits", partition="iid", rounds=2, clients=clients,
+                            clients_per_round=per_round)
+    assert list(h["n_sampled"]) == [per_round] * 2
+    q = per_round / clients
+    want = central_epsilon(q, 1.0, 2, 1e-5, "rdp", "fixed")  # replace-one neighbours: the accountant gets z/2
+    assert h["epsilon"].iloc[-1] == pytest.approx(want, rel=1e-6)
+
+
+# ================================================================================ (8) History.privacy's rows
+@pytest.mark.parametrize("rows", [([1, 2, 2], [1.0, 3.0, 2.0]), ([1, 3, 2], [1.0, 2.0, 3.0]),
+                                  ([1, 2, 3], [1.0, float("inf"), 2.0])],
+                         ids=["falls in a repeated round", "rounds out of order", "inf then finite"])
+def test_history_privacy_refuses_rows_that_are_no_running_total(rows):  # held
+    from fedlab_nb.core.history import History
+    h = History(pd.DataFrame({"round": rows[0], "epsilon": rows[1], "dp_delta": [1e-5] * 3}))
+    with pytest.raises(ValueError, match="epsilon|round"):
+        h.privacy()
+
+
+@F_(18, "fedlab-nb history on a CSV whose round column holds text ('1', 'x') prints a privacy guarantee: the "
+        "round-order check compares the text")
+def test_history_with_a_round_column_of_text_is_one_line(tmp_path):
+    path = tmp_path / "run.csv"
+    path.write_text("round,epsilon,dp_delta\n1,1,1e-5\nx,2,1e-5\n")
+    rc, out, err = cli(["history", path])
+    one_line_error(rc, err)
+    assert "round" in err
