@@ -500,3 +500,44 @@ def test_history_with_a_round_column_of_text_is_one_line(tmp_path):
     rc, out, err = cli(["history", path])
     one_line_error(rc, err)
     assert "round" in err
+
+
+# ================================================================================ (7, new code) publish interrupted
+def _tree(folder):
+    return {str(p.relative_to(folder)): (p.read_text() if p.is_file() else "<dir>") for p in sorted(folder.rglob("*"))
+            if ".running" not in str(p)}
+
+
+@pytest.mark.parametrize("call, n", [("replace", n) for n in range(4)] + [("link", n) for n in range(2)])
+def test_publish_interrupted_at_any_rename_or_link_keeps_the_old_result(tmp_path, call, n):  # held
+    from fedlab_nb.repro import files
+    out = tmp_path / "results"
+    staging = out / ".tiny-smoke.x.running"
+    for folder, word in ((out, "old"), (staging, "new")):
+        (folder / "tiny-smoke").mkdir(parents=True)
+        (folder / "tiny-smoke" / "fig.png").write_text(f"{word} figure")
+        (folder / "tiny-smoke.ipynb").write_text(f"{word} notebook")
+        (folder / "tiny-smoke.json").write_text(f"{word} result")
+    (staging / "tiny-smoke" / "extra.png").write_text("new figure 2")
+    before, real, seen = _tree(out), getattr(os, call), []
+
+    def stop_once(a, b):
+        seen.append(a)
+        if len(seen) == n + 1:
+            raise KeyboardInterrupt
+        return real(a, b)
+    with mock.patch.object(files.os, call, stop_once), pytest.raises(KeyboardInterrupt):
+        files.publish(staging, out, ["tiny-smoke", "tiny-smoke.ipynb", "tiny-smoke.json"])
+    assert _tree(out) == before
+
+
+# ================================================================================ (4) a result JSON's own fields
+@F_(19, "results/tiny-smoke.json whose 'scale' field says 'paper' is listed as 'last: paper: reproduced' (a "
+        "smoke run shown as the paper-scale one), while a 'paper' field that disagrees with the file name is ignored")
+def test_a_result_whose_scale_field_disagrees_with_its_file_name_is_not_listed_as_that_scale(tmp_path):
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    (root / "results" / "tiny-smoke.json").write_text(json.dumps({**RESULT, "scale": "paper"}))
+    rc, out, err = cli(["--root", root, "list"])
+    _no_traceback(rc, err)
+    assert "paper: reproduced" not in out, out
