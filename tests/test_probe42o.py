@@ -541,3 +541,24 @@ def test_a_result_whose_scale_field_disagrees_with_its_file_name_is_not_listed_a
     rc, out, err = cli(["--root", root, "list"])
     _no_traceback(rc, err)
     assert "paper: reproduced" not in out, out
+
+
+@F_(20, "the board's advice for a corrupt results/tiny-nosuch.json is 'run fedlab-nb reproduce tiny --scale nosuch' "
+        "(REPORT.md and index.html), which fails: tiny has no such scale (list was fixed, the board was not)")
+def test_the_boards_advice_for_a_corrupt_result_of_an_unknown_scale_works(tmp_path):
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    (root / "results" / "tiny-nosuch.json").write_text("{corrupt")
+    rc, out, err = cli(["--root", root, "report"])
+    _no_traceback(rc, err)
+    for name in ("REPORT.md", "index.html"):
+        assert "--scale nosuch" not in (root / "results" / name).read_text(), name
+
+
+def test_lists_advice_for_a_corrupt_result_of_an_unknown_scale_works(tmp_path):  # held
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    (root / "results" / "tiny-nosuch.json").write_text("{corrupt")
+    rc, out, err = cli(["--root", root, "list"])
+    _no_traceback(rc, err)
+    assert "--scale nosuch" not in err and "no scale" in err
