@@ -584,3 +584,43 @@ def test_secagg_odd_key_messages_abort_naming_the_sender(edit):  # held
         roster = SecAggServer(params, [1, 2, 3]).collect_keys(msgs)
         for c in clients.values():
             c.share_keys(roster)
+
+
+# ================================================================================ (5) claims fields on every printer
+@pytest.mark.parametrize("field, old, new", [
+    ("device", 'device: cpu, seconds: 10', 'device: "cpu\\e[2J\\u202e", seconds: 10'),
+    ("note", 'seconds: 10, parameters', 'seconds: 10, note: "a\\e[2Jb\\u2066", parameters'),
+    ("method", 'method: "Tiny — harness fixture"', 'method: "Tiny\\e]0;pwn\\a\\u202e"'),
+    ("title", 'title: "A tiny fixture"', 'title: "A \\e[31mtiny\\u2028"'),
+    ("paper_note", 'paper_note: "a fixture: there is no paper"', 'paper_note: "x\\e[2Jy\\u200f"'),
+    ("setting", 'setting: {paper: "none"', 'setting: {paper: "no\\e[2Jne\\u2066"')], ids=lambda v: v[:12])
+def test_escapes_in_claims_fields_never_reach_params_list_or_the_board(tmp_path, field, old, new):  # held
+    root = root_copy(tmp_path, lambda t: t.replace(old, new))
+    assert new in (root / "papers" / "tiny.yaml").read_text()
+    for cmd in (["params", "tiny"], ["list"], ["list", "--claims"], ["report"]):
+        rc, out, err = cli(["--root", root, *cmd])
+        _no_traceback(rc, err)
+        board = "".join((root / "results" / f).read_text() for f in ("REPORT.md", "index.html")
+                        if cmd == ["report"])
+        assert _clean(out + err + board), (cmd, out + err)
+
+
+# ================================================================================ (7) a folder where the result goes
+@F_(21, "a folder at results/tiny-smoke.json: list advises 'fedlab-nb reproduce tiny --scale smoke replaces it', "
+        "but reproduce runs the whole notebook and then refuses to publish ('is a folder ... move it away')")
+def test_a_folder_at_the_result_file_gets_advice_that_works(tmp_path):
+    root = root_copy(tmp_path)
+    (root / "results" / "tiny-smoke.json").mkdir(parents=True)
+    rc, out, err = cli(["--root", root, "list"])
+    _no_traceback(rc, err)
+    assert "replaces it" not in err, err
+
+
+@F_(21, "reproduce with a folder at results/tiny-smoke.json starts the notebook and refuses only at publish")
+def test_reproduce_with_a_folder_at_the_result_file_is_refused_before_a_kernel(tmp_path):
+    from fedlab_nb.repro import runner
+    root = root_copy(tmp_path)
+    (root / "results" / "tiny-smoke.json").mkdir(parents=True)
+    with mock.patch.object(runner, "_execute", side_effect=AssertionError("a kernel was started")):
+        rc, out, err = cli(["--root", root, "reproduce", "tiny", "-j", "1"])
+    assert rc != 0 and "tiny-smoke.json" in err and "kernel was started" not in err + out, (rc, err)
