@@ -624,3 +624,20 @@ def test_reproduce_with_a_folder_at_the_result_file_is_refused_before_a_kernel(t
     with mock.patch.object(runner, "_execute", side_effect=AssertionError("a kernel was started")):
         rc, out, err = cli(["--root", root, "reproduce", "tiny", "-j", "1"])
     assert rc != 0 and "tiny-smoke.json" in err and "kernel was started" not in err + out, (rc, err)
+
+
+# ================================================================================ (2) a quoted ~ in FEDLAB_NB_DATA
+@F_(22, "FEDLAB_NB_DATA='~/data' (quoted, as in a .env file or a Dockerfile ENV) is not expanded as "
+        "FEDLAB_NB_RESULTS now is: load_cifar10 looks in ./~/data and says the batches are not there")
+def test_a_quoted_tilde_in_the_data_folder_is_the_home_folder(tmp_path, monkeypatch):
+    from fedlab_nb.data import datasets
+    home = tmp_path / "home"
+    folder = home / "data" / "cifar10" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    good = pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1]}, protocol=2)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(good)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("FEDLAB_NB_DATA", "~/data")
+    monkeypatch.chdir(tmp_path)
+    assert len(datasets.load_cifar10().y_train) + len(datasets.load_cifar10().y_test) == 12
