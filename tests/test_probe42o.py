@@ -641,3 +641,21 @@ def test_a_quoted_tilde_in_the_data_folder_is_the_home_folder(tmp_path, monkeypa
     monkeypatch.setenv("FEDLAB_NB_DATA", "~/data")
     monkeypatch.chdir(tmp_path)
     assert len(datasets.load_cifar10().y_train) + len(datasets.load_cifar10().y_test) == 12
+
+
+@F_(1, "an exact epsilon below float's range passes check_number as 0.0: dp_robust.gaussian_sigma is a bare "
+       "TypeError, classic_sigma a ZeroDivisionError, private_region_shares releases inf shares")
+@pytest.mark.parametrize("call", ["dp_robust gaussian_sigma", "dp_robust classic_sigma", "region shares"])
+def test_privacy_helpers_with_an_exact_epsilon_below_float_range_refuse_it(call):
+    from fedlab_nb.methods.beyond import locational_dp as L
+    from fedlab_nb.methods.more import dp_robust as D
+    tiny, rng = Fraction(1, 10 ** 400), np.random.default_rng(0)
+    calls = {"dp_robust gaussian_sigma": lambda: D.gaussian_sigma(1.0, 10, tiny, 1e-5),
+             "dp_robust classic_sigma": lambda: D.classic_sigma(1.0, 10, tiny, 1e-5),
+             "region shares": lambda: L.private_region_shares([0, 1], [0, 1], 2, tiny, rng)}
+    try:
+        out = calls[call]()
+    except ValueError as e:
+        assert "epsilon" in str(e)
+        return
+    assert np.isfinite(out).all(), out
