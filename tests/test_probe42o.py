@@ -659,3 +659,22 @@ def test_privacy_helpers_with_an_exact_epsilon_below_float_range_refuse_it(call)
         assert "epsilon" in str(e)
         return
     assert np.isfinite(out).all(), out
+
+
+@F_(23, "repro.reproduce / run_notebook (the Python API) with FEDLAB_NB_RESULTS='~/res' make a folder named '~' in "
+        "the working directory: runner._out_dir never expands ~ (the CLI does)")
+@pytest.mark.parametrize("api", ["reproduce", "run_notebook"])
+def test_the_python_api_reads_a_quoted_tilde_results_as_the_home_folder(tmp_path, monkeypatch, api):
+    from fedlab_nb import repro
+    from fedlab_nb.repro import runner
+    root = root_copy(tmp_path)
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("FEDLAB_NB_RESULTS", "~/res")
+    monkeypatch.chdir(work)
+    with mock.patch.object(runner, "_execute", side_effect=RuntimeError("stop before a kernel")):
+        with pytest.raises(RuntimeError, match="stop before a kernel"):
+            getattr(repro, api)("tiny", "smoke", root=root)
+    assert not (work / "~").exists() and (home / "res").is_dir()
