@@ -678,3 +678,28 @@ def test_the_python_api_reads_a_quoted_tilde_results_as_the_home_folder(tmp_path
         with pytest.raises(RuntimeError, match="stop before a kernel"):
             getattr(repro, api)("tiny", "smoke", root=root)
     assert not (work / "~").exists() and (home / "res").is_dir()
+
+
+# ================================================================================ (7) run: a kernel that never starts
+@F_(24, "a second `run` of the same parameters whose kernel cannot start deletes the first run's executed notebook "
+        "outside publish, leaving its figures without their notebook (not all-or-nothing)")
+def test_a_run_whose_kernel_never_starts_keeps_the_earlier_runs_folder_whole(tmp_path):
+    from fedlab_nb import repro
+    from fedlab_nb.repro import runner
+    root = root_copy(tmp_path)
+
+    def ran(paper, scale, params, out, progress):
+        (out / "tiny-smoke").mkdir()
+        (out / "tiny-smoke" / "fig.png").write_text("figure")
+        (out / "tiny-smoke.ipynb").write_text("executed notebook")
+        return {"error": None, "wall_seconds": 1.0}
+
+    def no_kernel(paper, scale, params, out, progress):
+        return {"error": {"cell": None, "execution_count": None, "ename": "NoSuchKernel", "evalue": "no kernel"},
+                "wall_seconds": 0.1}
+    with mock.patch.object(runner, "_execute", ran):
+        folder = Path(repro.run_notebook("tiny", "smoke", {"value": 0.7}, root=root)["folder"])
+    with mock.patch.object(runner, "_execute", no_kernel):
+        repro.run_notebook("tiny", "smoke", {"value": 0.7}, root=root)
+    names = {p.name for p in folder.iterdir()}
+    assert "tiny-smoke.ipynb" in names or "tiny-smoke" not in names, names
