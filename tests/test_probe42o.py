@@ -703,3 +703,20 @@ def test_a_run_whose_kernel_never_starts_keeps_the_earlier_runs_folder_whole(tmp
         repro.run_notebook("tiny", "smoke", {"value": 0.7}, root=root)
     names = {p.name for p in folder.iterdir()}
     assert "tiny-smoke.ipynb" in names or "tiny-smoke" not in names, names
+
+
+# ================================================================================ (new code) check_draws with no values
+@F_(25, "check_draws passes any draws when a release has 0 values (draws × 0 = 0): dp_bag_responses with no bags "
+        "and draws=10**30 is numpy's 'Maximum allowed dimension exceeded', not a ValueError naming draws")
+@pytest.mark.parametrize("draws", [10 ** 30, 2 ** 62])
+def test_label_dp_with_no_bags_and_absurd_draws_names_draws(draws):
+    from fedlab_nb.methods.privacy import aggregate_responses as A
+    with pytest.raises(ValueError, match="draws"):
+        A.dp_bag_responses(np.zeros(0), np.zeros((0, 4), dtype=int), 1.0, 1.0, np.random.default_rng(0), draws=draws)
+
+
+@pytest.mark.parametrize("draws", [True, np.int64(-1), 1.0], ids=["bool", "numpy negative", "float"])
+def test_check_draws_refuses_what_is_not_a_count(draws):  # held
+    from fedlab_nb.utils import check_draws
+    with pytest.raises(ValueError, match="draws"):
+        check_draws(draws, 4)
