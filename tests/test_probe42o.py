@@ -720,3 +720,24 @@ def test_check_draws_refuses_what_is_not_a_count(draws):  # held
     from fedlab_nb.utils import check_draws
     with pytest.raises(ValueError, match="draws"):
         check_draws(draws, 4)
+
+
+# ================================================================================ (4) -p values, typed by the default
+@pytest.mark.parametrize("name, text, want", [("n_points", "0x10", 16), ("n_points", "0o17", 15), ("value", ".5", 0.5),
+                                              ("value", "+1", 1.0), ("value", "1e3", 1000.0), ("fail", "True", True),
+                                              ("n_points", "1_000", None), ("n_points", "1e3", None),
+                                              ("n_points", "3.0", None), ("fail", "yes", None)])
+def test_p_values_follow_yaml_1_2_and_the_defaults_type_before_a_kernel(tmp_path, name, text, want):  # held
+    from fedlab_nb.repro import runner
+    root, seen = root_copy(tmp_path), {}
+
+    def fake(paper, scale, params, out, progress):
+        seen.update(params)
+        return {"error": None, "wall_seconds": 0.0, "metrics": {}}
+    with mock.patch.object(runner, "_execute", fake):
+        rc, out, err = cli(["--root", root, "run", "tiny", "-p", name, text])
+    if want is None:
+        one_line_error(rc, err)
+        assert name in err and not seen
+    else:
+        assert seen[name] == want and type(seen[name]) is type(want), (seen, rc, err)
