@@ -741,3 +741,21 @@ def test_p_values_follow_yaml_1_2_and_the_defaults_type_before_a_kernel(tmp_path
         assert name in err and not seen
     else:
         assert seen[name] == want and type(seen[name]) is type(want), (seen, rc, err)
+
+
+@F_(4, "a BernoulliSampler of q=0.1 that takes everyone (a subclass, or its probabilities set to 1 after the "
+       "check before round 1) runs 4 rounds at q=1 and reports the ε of q=0.1")
+@pytest.mark.parametrize("how", ["subclass", "probabilities changed"])
+def test_a_bernoulli_sampler_that_takes_everyone_after_the_check_is_refused(fed10, how):
+    from fedlab_nb.engine.sampling import BernoulliSampler
+
+    class Everyone(BernoulliSampler):
+        def __call__(self, r, K, g):
+            return np.arange(K)
+    sampler = (Everyone if how == "subclass" else BernoulliSampler)(np.full(10, 0.1))
+
+    def loosen(r, theta, row):
+        sampler.probabilities[:] = 1.0
+    callback = loosen if how == "probabilities changed" else None  # after round 1: rounds 2-4 take everyone
+    with pytest.raises(ValueError, match="q=0.1"):
+        fl.simulate(_dp(0.1), fed10, rounds=4, clients_per_round=sampler, seed=0, callback=callback, **RUN)
