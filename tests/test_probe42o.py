@@ -759,3 +759,24 @@ def test_a_bernoulli_sampler_that_takes_everyone_after_the_check_is_refused(fed1
     callback = loosen if how == "probabilities changed" else None  # after round 1: rounds 2-4 take everyone
     with pytest.raises(ValueError, match="q=0.1"):
         fl.simulate(_dp(0.1), fed10, rounds=4, clients_per_round=sampler, seed=0, callback=callback, **RUN)
+
+
+# ================================================================================ (8) a claims file's huge number
+@F_(26, "an expect of '> 999…9' (900,000 digits, under the 1 MB limit) or 'between 1…1 and 2…2' is one error line of "
+        "900 KB in list / params / reproduce: the number is echoed whole (other parse errors are clipped to ~400)")
+@pytest.mark.parametrize("expect", ["> " + "9" * 900_000, "between " + "1" * 400_000 + " and " + "2" * 400_000],
+                         ids=["one bound", "between"])
+def test_a_huge_number_in_an_expectation_is_a_short_line(tmp_path, expect):
+    root = root_copy(tmp_path, lambda t: t.replace('expect: "> 0"\n', f'expect: "{expect}"\n', 1))
+    rc, out, err = cli(["--root", root, "list"])
+    _no_traceback(rc, err)
+    assert "tiny" in err and len(err) < 2000, len(err)
+
+
+@pytest.mark.parametrize("expect", ["(" * 200_000 + "1" + ")" * 200_000, " and ".join(["> 0"] * 50_000)],
+                         ids=["deep parentheses", "many ands"])
+def test_a_pathological_expectation_is_a_short_line_in_seconds(tmp_path, expect):  # held
+    root = root_copy(tmp_path, lambda t: t.replace('expect: "> 0"\n', f'expect: "{expect}"\n', 1))
+    rc, out, err = cli(["--root", root, "list"])
+    _no_traceback(rc, err)
+    assert rc == 1 and len(err) < 2000 and any(line.startswith("tiny") for line in err.splitlines())
