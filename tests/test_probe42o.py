@@ -7,8 +7,12 @@ and at variants the earlier test_probe42*.py do not try: a Fraction or a long do
 times negative steps, a sampler that declares Poisson sampling and takes everyone, zero-width and tab characters in
 a result file's name, a copy cut short by ENOSPC, run_lr0.1 beside run_lr0.1.csv, a Latin-1 CSV rolled back,
 ~nosuchuser in --results / --root / FEDLAB_NB_RESULTS, a bit-flipped gzip download, corrupt CIFAR batches and a
-clip·scale past float64. Each test asserts the correct behaviour; a test marked xfail(strict=True) is an open
-finding (its reason says what is wrong), so the suite stays green until it is fixed."""
+clip·scale past float64, a Flower reply's num-examples past the client's data, a result whose scale field
+disagrees with its file name, the board's advice for a corrupt result of an unknown scale, a folder at the result
+file, a quoted ~ in FEDLAB_NB_DATA and in the Python API's FEDLAB_NB_RESULTS, a run whose kernel never starts, a
+release of no values drawn 10**30 times and a 900,000-digit bound in an expectation. Each test asserts the correct
+behaviour; a test marked xfail(strict=True) is an open finding (its reason says what is wrong), so the suite stays
+green until it is fixed."""
 import errno
 import functools
 import io
@@ -140,7 +144,8 @@ def test_printable_never_prints_two_names_the_same(pair):
 
 @pytest.mark.parametrize("pair", [("\\\udcff", "\\\\xff"), ("x\\", "x\\\\"), ("\\\u200bx", "\\\\x"),
                                   ("\udcff\\", "\\xff\\")],
-                         ids=["backslash then byte", "trailing backslash", "backslash zero width x", "byte then backslash"])
+                         ids=["backslash then byte", "trailing backslash", "backslash zero width x",
+                              "byte then backslash"])
 def test_printable_keeps_backslash_and_byte_names_apart(pair):  # held
     from fedlab_nb.repro.results import printable
     assert printable(pair[0]) != printable(pair[1])
@@ -762,8 +767,9 @@ def test_a_bernoulli_sampler_that_takes_everyone_after_the_check_is_refused(fed1
 
 
 # ================================================================================ (8) a claims file's huge number
-@F_(26, "an expect of '> 999…9' (900,000 digits, under the 1 MB limit) or 'between 1…1 and 2…2' is one error line of "
-        "900 KB in list / params / reproduce: the number is echoed whole (other parse errors are clipped to ~400)")
+@F_(26, "an expect of '> 999…9' (900,000 digits, under the 1 MB limit) or 'between 1…1 and 2…2' is one error "
+        "line of 900 KB in list / params / reproduce: the number is echoed whole (other parse errors are "
+        "clipped to ~400)")
 @pytest.mark.parametrize("expect", ["> " + "9" * 900_000, "between " + "1" * 400_000 + " and " + "2" * 400_000],
                          ids=["one bound", "between"])
 def test_a_huge_number_in_an_expectation_is_a_short_line(tmp_path, expect):
