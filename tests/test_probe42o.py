@@ -537,8 +537,9 @@ def test_publish_interrupted_at_any_rename_or_link_keeps_the_old_result(tmp_path
 
 
 # ================================================================================ (4) a result JSON's own fields
-@F_(19, "results/tiny-smoke.json whose 'scale' field says 'paper' is listed as 'last: paper: reproduced' (a "
-        "smoke run shown as the paper-scale one), while a 'paper' field that disagrees with the file name is ignored")
+@F_(19, "results/tiny-smoke.json whose 'scale' field says 'paper' is listed as 'last: paper: reproduced' and is a "
+        "'paper' row of REPORT.md (a smoke run shown as the paper-scale one), while a 'paper' field that disagrees "
+        "with the file name is ignored")
 def test_a_result_whose_scale_field_disagrees_with_its_file_name_is_not_listed_as_that_scale(tmp_path):
     root = root_copy(tmp_path)
     (root / "results").mkdir()
