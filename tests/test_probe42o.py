@@ -787,3 +787,22 @@ def test_a_pathological_expectation_is_a_short_line_in_seconds(tmp_path, expect)
     rc, out, err = cli(["--root", root, "list"])
     _no_traceback(rc, err)
     assert rc == 1 and len(err) < 2000 and any(line.startswith("tiny") for line in err.splitlines())
+
+
+# ================================================================================ (1, 6) DP under Flower, nothing kept
+@pytest.mark.parametrize("how", ["every reply NaN, dropped", "every reply an error"])
+def test_flower_dp_round_with_every_reply_lost_still_releases_noise(fed10, how):  # held
+    pytest.importorskip("flwr")
+    from probes import flower_reply
+    from fedlab_nb.flower import MethodStrategy, _setup
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.3)
+    s = MethodStrategy(_setup(method, fed10, "logreg", rounds=1, clients_per_round=sampler, on_nonfinite="drop"))
+    s.nodes, s.sampled, s._t0 = {k: 100 + k for k in range(fed10.num_clients)}, np.array([0, 1, 2]), 0.0
+    s.down, s.theta_bytes, before = {"theta": s.theta}, 0, s.theta.clone()
+    replies = [flower_reply(s, k, delta=np.full(s.theta.numel(), np.nan, np.float32)) for k in range(3)]
+    if how == "every reply an error":
+        for reply in replies:
+            reply.has_error, reply.error = (lambda: True), type("Error", (), {"reason": "boom"})()
+    s.aggregate_train(1, replies)
+    assert not bool((s.theta == before).all()) and np.isfinite(s.rows[-1]["epsilon"])
