@@ -187,7 +187,9 @@ def _last_results(results: Path, pid: str, scales=()) -> dict:
     for path, _, scale in result_files(results, pid):
         data, problem = read_result(path)
         if problem:  # a corrupt result is stale, not fatal
-            fix = (f"fedlab-nb reproduce {pid} --scale {scale} replaces it" if scale in scales
+            fix = ("move it away: reproduce writes the result file there and replaces neither a folder nor a link"
+                   if path.is_symlink() or path.is_dir() else
+                   f"fedlab-nb reproduce {pid} --scale {scale} replaces it" if scale in scales
                    else f"remove or rename it: {pid} has no scale by that name")  # or a name not UTF-8
             print(printable(f"warning: {path} {problem}; treated as stale ({fix})"), file=sys.stderr)
             last[scale] = {"verdict": "stale (corrupt result file)", "claims": []}
@@ -344,7 +346,9 @@ def cmd_run(args) -> int:
             print(f"the executed notebook, with the traceback: {out['notebook']}", file=sys.stderr)
         else:
             log = Path(out["folder"]) / f"{Path(out['run_dir']).name}.kernel.log"
-            print("no executed notebook was written" + (f" (the kernel's log: {log})" if log.is_file() else ""),
+            earlier = log.with_name(f"{Path(out['run_dir']).name}.ipynb").is_file()
+            print("no executed notebook was written" + (f" (the kernel's log: {log})" if log.is_file() else "") +
+                  ("; the notebook and figures in the run folder are an earlier run's, kept" if earlier else ""),
                   file=sys.stderr)
     else:
         print(f"executed notebook: {out['notebook']}  ({out['wall_seconds']} s)")

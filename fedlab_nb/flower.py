@@ -156,6 +156,7 @@ class MethodStrategy(Strategy):
         self.evaluator = Evaluator(setup.model, setup.fed)
         self.nodes: dict[int, int] = {}     # our client id k -> Flower node id
         self.reference: tuple | None = None  # the entries the method's client code sends (once per run)
+        self.rows_held = setup.fed.sizes      # n_k: no client trains on more rows than its partition holds
         self.rows: list[dict] = []
         self.round_seconds: list[float] = []
 
@@ -324,6 +325,9 @@ class MethodStrategy(Strategy):
         if bad or set(metrics) - set(_METRICS):
             raise _refuse(r, f"client {k}", f"has metrics {sorted(metrics)} ({', '.join(f'{n}={metrics.get(n)!r}' for n in bad)}):"
                           f" it must carry numbers {list(_METRICS)}, the counts whole numbers >= 0 and <= 2^53")
+        if metrics["num-examples"] > self.rows_held[int(k)]:  # its weight in the mean: an inflated count takes it over
+            raise _refuse(r, f"client {k}", f"reports num-examples = {int(metrics['num-examples'])}, more than the "
+                          f"{int(self.rows_held[int(k)])} training rows its partition holds")
         entries = {n: np.asarray(a.numpy()) for n, a in m.content["message"].items()}
         return int(k), metrics, entries
 

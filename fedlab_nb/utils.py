@@ -58,24 +58,24 @@ def check_number(name: str, value, low: float = -math.inf, high: float = math.in
                  closed_low: bool = False) -> float:
     """A finite real number (Python's or numpy's) with low < value < high (low <= value with closed_low): text,
     None, a bool, NaN or inf is refused with a ValueError naming `name` (and the fix), never coerced."""
-    fits = (low <= value if closed_low else low < value) if _is_real(value) and _finite(value) else False
-    if not (fits and value < high):
+    number = _as_float(value)  # the bounds hold for the float the caller computes with (1/10**400 is 0.0)
+    fits = number is not None and math.isfinite(number) and (low <= number if closed_low else low < number)
+    if not (fits and number < high):
         bounds = " and ".join(b for b in (f"{'>=' if closed_low else '>'} {low:g}" if low > -math.inf else "",
                                           f"< {high:g}" if high < math.inf else "") if b)
         raise ValueError(f"{name} must be a finite number{' ' + bounds if bounds else ''}, got "
                          f"{type(value).__name__} {value!r:.40}" + (f"; {fix}" if fix else ""))
-    return float(value)
+    return number
 
 
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _finite(value) -> bool:
+def _as_float(value) -> float | None:
+    """value as a float, None when it is not a real number (text, None, a bool); inf past float64 (10**400)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        return None
     try:
-        return math.isfinite(value)
-    except OverflowError:  # a Python int past float64 (10**400)
-        return False
+        return float(value)
+    except OverflowError:  # a Python int or Fraction past float64
+        return math.inf
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
@@ -91,7 +91,7 @@ def check_draws(draws, values_per_draw: int) -> int:
     """`draws` independent releases of `values_per_draw` noised values each: a whole number >= 1 whose
     [draws, values] array fits in memory (2**40 would be a bare MemoryError deep in numpy)."""
     draws = check_positive_int("draws (independent releases)", draws)
-    if draws * int(values_per_draw) > MAX_RELEASED_VALUES:
+    if draws * max(int(values_per_draw), 1) > MAX_RELEASED_VALUES:  # no values yet: draws alone are bounded
         raise ValueError(f"draws = {draws} releases of {values_per_draw} values are {draws * int(values_per_draw):,} "
                          f"values, over the {MAX_RELEASED_VALUES:,} one call draws; draw fewer (or call it again)")
     return draws

@@ -98,7 +98,7 @@ class History(pd.DataFrame):
             _write_atomic(meta_path(path), meta)
         except BaseException:  # stopped between the two files: put the old rows back beside the old metadata
             with contextlib.suppress(OSError, ValueError):  # best effort: the first error is the one to report
-                path.unlink() if before is None else _write_atomic(path, before.decode("utf-8"))
+                path.unlink() if before is None else _write_atomic(path, before)
             raise
         return path
 
@@ -139,8 +139,11 @@ def meta_path(path: Path) -> Path:
 def _refuse_shared_metadata(path: Path) -> None:
     """run and run.csv both keep their metadata in run.json: saving one while the other is there would replace
     the other's metadata."""
-    twins = {path.with_suffix(""), path.with_suffix(".csv"), path.with_suffix(".CSV")} - {path}
-    for twin in (t for t in twins if meta_path(t) == meta_path(path) and t.is_file() and meta_path(t).exists()):
+    meta = meta_path(path)
+    stem = meta.name[: -len(".json")]  # every name whose metadata is this file: stem, stem.csv in any case
+    names = {stem.lower(), f"{stem}.csv".lower()}
+    twins = [t for t in path.parent.iterdir() if t.name.lower() in names] if path.parent.is_dir() else []
+    for twin in (t for t in twins if t != path and meta_path(t) == meta and t.is_file() and meta.exists()):
         raise ValueError(f"{meta_path(path)} holds the metadata of {twin} already; saving {path.name} would "
                          f"replace it: save to another name, or to {twin.name} to replace that run")
 
@@ -154,14 +157,15 @@ def _refuse_link(path: Path) -> None:
                          "History.save replaces the file at its path: save to another path")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then os.replace it: a symbolic or hard link at `path` is
-    replaced, never written through (core's twin of repro.files.write_atomic; the layers keep them apart)."""
+def _write_atomic(path: Path, text: str | bytes) -> None:
+    """Write `text` (UTF-8) or bytes as they are (an old file put back) to a temporary file beside `path`, then
+    os.replace it: a symbolic or hard link at `path` is replaced, never written through (core's twin of
+    repro.files.write_atomic; the layers keep them apart)."""
     _refuse_link(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text if isinstance(text, bytes) else text.encode("utf-8"))
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; a saved History is an ordinary user file
         os.replace(tmp, path)
     except BaseException:

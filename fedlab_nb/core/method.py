@@ -9,15 +9,13 @@ all K clients, and is handed to the parts as a batch `{name: [m, ...]}` of the r
 is a `Method(...)` of parts, not a subclass tree. This module imports nothing from the engine."""
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-from ..utils import rng
+from ..utils import check_number, rng
 from .groups import ParamGroups, ResolvedGroups
 from .messages import Messages
 from .optim import SGD, Adam, make_optimizer
@@ -194,13 +192,9 @@ class ServerSGD:
     momentum: float = 0.0
 
     def __post_init__(self):
-        for name, v, low in (("lr", self.lr, None), ("momentum", self.momentum, 0.0)):
-            ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and \
-                (v > 0 if low is None else v >= low)
-            if not ok:
-                raise ValueError(f"the server's {name} (server_lr / ServerSGD({name}=...)) must be a finite number "
-                                 f"{'> 0' if low is None else '>= 0'}, got {type(v).__name__} {v!r}; e.g. "
-                                 f"{'server_lr=1.0' if low is None else 'momentum=0.9'}")
+        check_number("the server's lr (server_lr / ServerSGD(lr=...))", self.lr, 0, fix="e.g. server_lr=1.0")
+        check_number("the server's momentum (ServerSGD(momentum=...))", self.momentum, 0, fix="e.g. momentum=0.9",
+                     closed_low=True)
 
     def init_state(self, theta: torch.Tensor, num_clients: int) -> dict:
         return {"v": torch.zeros_like(theta)} if self.momentum else {}

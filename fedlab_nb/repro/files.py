@@ -222,9 +222,19 @@ def _set_aside(final: Path, old: Path) -> None:
         try:
             os.link(final, old)
         except OSError:  # a file system without hard links (FAT, some network shares): a copy keeps it as well
-            shutil.copy2(final, old)
+            _copy_whole(final, old)
     elif final.exists():
         os.replace(final, old)
+
+
+def _copy_whole(src: Path, dst: Path) -> None:
+    """Copy src to dst, or leave no dst: a copy cut short (a full disk, an interrupt) must never be put back."""
+    part = dst.with_name(dst.name + ".part")
+    try:
+        shutil.copy2(src, part)
+        os.replace(part, dst)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def _put_back(done: list) -> None:

@@ -289,18 +289,21 @@ def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = 
         write_parameters_file(tmp, paper, scale, params, defaults, dict(parameters or {}), device)
         run = _execute(paper, scale, params, tmp, progress)
         executed = (tmp / f"{stem}.ipynb").is_file()  # not when the kernel could not start
-        if not executed:  # an earlier run's notebook must not pass for this run's
-            (folder / f"{stem}.ipynb").unlink(missing_ok=True)
-        publish(tmp, folder, [PARAMETERS_FILE, *_outputs(stem)])
+        # a kernel that never started leaves only its log: an earlier run's notebook and figures stay whole
+        publish(tmp, folder, [PARAMETERS_FILE, *_outputs(stem)] if executed else [PARAMETERS_FILE, f"{stem}.kernel.log"])
     notebook = folder / f"{stem}.ipynb"
     return {**run, "notebook": str(notebook) if executed else None, "run_dir": str(folder / stem),
             "folder": str(folder), "parameters_file": str(folder / PARAMETERS_FILE)}
 
 
 def _refuse_links(folder: Path, stem: str) -> None:
-    """Before running: no output of the run may be a symbolic link (publish would replace or delete it)."""
+    """Before running: no output of the run may be a symbolic link (publish would replace or delete it), nor a
+    folder where a file goes or a file where the figures folder goes (publish would refuse it after the run)."""
     for name in _outputs(stem, result=True):
-        refuse_link(folder / name)
+        target = refuse_link(folder / name)
+        if target.exists() and target.is_dir() != (name == stem):
+            kind, goes = ("a folder", "a file") if target.is_dir() else ("not a folder", "the figures folder")
+            raise UnsafePathError(f"{target} is {kind} where fedlab-nb writes {goes}; move it away")
 
 
 def _outputs(stem: str, result: bool = False) -> list[str]:

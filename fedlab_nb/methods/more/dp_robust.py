@@ -93,8 +93,8 @@ def resilience_bound(honest: Tensor, f: int) -> float:
 def classic_sigma(radius: float, m: int, epsilon: float, delta: float) -> float:
     """Dwork–Roth Gaussian mechanism for a mean of m points in a ball of radius B: σ = (2B/m) √(2 ln(1.25/δ)) / ε
     (their Theorem A.1 needs ε < 1)."""
-    if not isinstance(epsilon, numbers.Real) or isinstance(epsilon, bool) or not 0 < epsilon < 1:
-        raise ValueError(f"the classic Gaussian-mechanism bound needs 0 < epsilon < 1, got {epsilon!r}; use gaussian_sigma")
+    epsilon = check_number("epsilon", epsilon, 0, 1, "the classic Gaussian-mechanism bound needs 0 < epsilon < 1; "
+                           "for a larger one use gaussian_sigma")
     radius = check_number("radius", radius, 0, fix="the radius B of the ball the points lie in")
     delta = check_number("delta", delta, 0, 1, "e.g. 1e-5")
     m = check_positive_int("m (the number of points averaged)", m)

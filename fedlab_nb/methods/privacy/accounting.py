@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import math
 
+from ...utils import check_number
+
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("poisson", "fixed")
 # ε decreases in z and is already 0.0 at z = 1e6; above this dp_accounting's RDP arithmetic overflows
@@ -54,17 +56,13 @@ def _check(q: float, noise_multiplier: float, steps: int, delta: float, accounta
         _number(name, value)
     if isinstance(steps, bool):
         raise ValueError(f"steps must be an int >= 0 (rounds or DP-SGD steps), got the bool {steps!r}")
-    if not math.isfinite(noise_multiplier):
-        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
-    if not 0 < q <= 1:
+    check_number("noise_multiplier", noise_multiplier, 0, closed_low=True, fix="0 means no privacy")
+    if not 0 < check_number("q (the sampling rate)", q, 0, fix="a number in (0, 1]") <= 1:
         raise ValueError(f"q (the sampling rate) must be in (0, 1], got {q!r}")
-    if not noise_multiplier >= 0:
-        raise ValueError(f"noise_multiplier must be >= 0 (0: no privacy), got {noise_multiplier!r}")
     import numbers
     if not (isinstance(steps, numbers.Integral) and steps >= 0):  # np.int64 counts too
         raise ValueError(f"steps must be an int >= 0 (rounds or DP-SGD steps), got {steps!r}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), e.g. 1/K^1.1 for K users; got {delta!r}")
+    check_number("delta", delta, 0, 1, "e.g. 1/K^1.1 for K users")
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
     if sampling not in SAMPLINGS:
@@ -111,6 +109,7 @@ def _check_pld_work(q: float, noise_multiplier: float, steps: int) -> None:
 def dp_event(q: float, noise_multiplier: float, steps: int, sampling: str = "poisson"):
     """The `dp_accounting` event of `steps` compositions of the q-sampled Gaussian mechanism (noise z·S)."""
     import dp_accounting as dpa
+    _check(q, noise_multiplier, steps, 0.5, "rdp", sampling)  # δ and the accountant are not the event's: any valid
     gauss = dpa.GaussianDpEvent(noise_multiplier)
     if q < 1:
         if sampling == "poisson":
@@ -152,9 +151,7 @@ def noise_for_epsilon(target_epsilon: float, q: float, steps: int, delta: float,
     if steps == 0:
         raise ValueError("steps must be >= 1 to calibrate noise (with steps=0 any noise_multiplier spends ε = 0)")
     _number("target_epsilon", target_epsilon)
-    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
-        raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r} (ε = inf needs no "
-                         "noise: noise_multiplier=0)")
+    target_epsilon = check_number("target_epsilon", target_epsilon, 0, fix="ε = inf needs no noise: noise_multiplier=0")
     bracket = dpa.LowerEndpointAndGuess(1e-3, 1.0)
     if accountant == "rdp" and epsilon(q, 1e-3, steps, delta, "rdp", sampling) <= target_epsilon:
         return _tiny_noise_for_epsilon(target_epsilon, q, steps, delta, sampling)

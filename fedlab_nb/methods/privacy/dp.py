@@ -33,7 +33,6 @@ so the privacy analysis is the same. Flat (ℓ2 over all tensors) clipping only;
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -46,6 +45,7 @@ from ...core.streams import register_stream
 from ...core.method import weighted_mean
 from . import accounting
 from ...engine.sampling import BernoulliSampler, UniformSampler
+from ...utils import check_number
 
 CENTRAL_NOISE = register_stream("dp_central_noise", 21)     # the server's Gaussian noise on the update
 CLIP_BITS_NOISE = register_stream("dp_clip_bits_noise", 22)  # the noise on the adaptive clip's count
@@ -63,18 +63,12 @@ def clip_rows(updates: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, to
 
 
 def check_positive(name: str, value, fix: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0 \
-            or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}; {fix}")
-    return float(value)
+    return check_number(name, value, 0, fix=fix)
 
 
 def check_noise(value) -> float:
     """A noise multiplier z: a finite number >= 0 (0: no noise, no privacy)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value >= 0 \
-            or not math.isfinite(value):
-        raise ValueError(f"noise_multiplier (z) must be a finite number >= 0 (0: no noise, no privacy), got {value!r}")
-    return float(value)
+    return check_number("noise_multiplier (z)", value, 0, closed_low=True, fix="0 means no noise and no privacy")
 
 
 def check_noise_fits(std: float, dtype: torch.dtype, what: str) -> None:
@@ -85,23 +79,17 @@ def check_noise_fits(std: float, dtype: torch.dtype, what: str) -> None:
                          "lower noise_multiplier or clip_norm, or raise sampling_rate")
 
 
-def _is_number(value) -> bool:
-    """A real number, Python's or numpy's (np.float32, np.int64), but not a bool or a string."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-
-
 def _check_rate(name: str, value) -> float:
     """A sampling rate q: a finite number in (0, 1]."""
-    if not _is_number(value) or not 0 < value <= 1:
+    q = check_number(name, value, 0, fix="a number in (0, 1], the probability a user takes part in a round")
+    if q > 1:
         raise ValueError(f"{name} must be a number in (0, 1], the probability a user takes part in a round, "
                          f"got {type(value).__name__} {value!r}")
-    return float(value)
+    return q
 
 
 def _check_delta(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not 0 < value < 1:
-        raise ValueError(f"delta must be a number in (0, 1), well below 1/K for K users (e.g. 1e-5), got {value!r}")
-    return float(value)
+    return check_number("delta", value, 0, 1, "a number in (0, 1), well below 1/K for K users (e.g. 1e-5)")
 
 
 @dataclass
@@ -212,13 +200,10 @@ class DPAggregate:
         self.delta = _check_delta(self.delta)
         self.clip_lr = check_positive("clip_lr", self.clip_lr, "the adaptive clip's learning rate η_C, e.g. 0.2")
         if self.adaptive:
-            if not _is_number(self.target_quantile) or not 0 < self.target_quantile < 1:
-                raise ValueError(f"target_quantile (γ) must be in (0, 1), e.g. 0.5 for the median norm, "
-                                 f"got {self.target_quantile!r}")
-        sigma_b = self.clip_count_stddev
-        if sigma_b is not None and (not _is_number(sigma_b) or not sigma_b >= 0 or not math.isfinite(sigma_b)):
-            raise ValueError(f"clip_count_stddev (σ_b) must be a finite number >= 0 or None (default: expected "
-                             f"clients / 20), got {type(sigma_b).__name__} {sigma_b!r}")
+            check_number("target_quantile (γ)", self.target_quantile, 0, 1, "e.g. 0.5 for the median norm")
+        if self.clip_count_stddev is not None:
+            check_number("clip_count_stddev (σ_b)", self.clip_count_stddev, 0, closed_low=True,
+                         fix="or None (default: expected clients / 20)")
         for name in ("total_weight", "min_total_weight"):
             value = getattr(self, name)
             if value is not None:
@@ -373,7 +358,7 @@ class DPAggregate:
         each[torch.as_tensor(np.asarray(ids, dtype=np.int64))] += 1  # ids are distinct (the engine checks)
         state["seen_each"], n = each, state["seen_rounds"]
         top = int(each.argmax())
-        if n >= 5 and q < 1 and int(each[top]) > n * q:  # P(one of K clients in ≥ c of n rounds) below 1e-9 per round
+        if q < 1 and int(each[top]) > n * q:  # P(one of K clients in ≥ c of n rounds) below 1e-9 per round
             if binom.sf(int(each[top]) - 1, n, q) * K * n < 1e-9:
                 raise ValueError(f"client {top} took part in {int(each[top])} of {n} rounds, but the accountant assumes "
                                  f"each client takes part with probability q={q} (about {n * q:.1f} rounds): the "
@@ -386,8 +371,9 @@ class DPAggregate:
                                  + fix)
             return
         n, total = state["seen_rounds"], state["seen_clients"]
-        sd = math.sqrt(n * K * q * (1 - q))
-        if n >= 5 and total - n * q * K > 6 * sd + 1:
+        # Poisson: the n rounds' sizes add up to a Binomial(nK, q) count; its exact tail, below 1e-9 per round, so a
+        # sampler that takes everyone is refused in round 1 (P = q^K), while a fair one is refused once in 10^9 rounds
+        if q < 1 and total > n * K * q and binom.sf(total - 1, n * K, q) * n < 1e-9:
             raise ValueError(f"the rule was built for Poisson sampling with q={q} ({q * K:.1f} clients a round on "
                              f"average) but {n} rounds had {total / n:.1f} on average; " + fix)
         # a fixed-size sampler under Poisson accounting: the same count every round is improbable

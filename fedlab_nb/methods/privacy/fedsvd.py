@@ -86,18 +86,29 @@ def per_sample_grads(model, trainable: dict, frozen: dict, x: Tensor, y: Tensor)
     return vmap(grad_and_value(one), in_dims=(None, 0, 0))(trainable, x, y)
 
 
-@functools.lru_cache(maxsize=256)  # a pure function of numbers; the calibration takes about a second
 def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, rounds: int, local_steps: int,
                          accountant: str = "rdp") -> float:
     """z giving each client (ε, δ)-DP at the sample level after `rounds` × `local_steps` DP-SGD steps of
     Poisson rate q (`fedlab_nb.methods.privacy.accounting.noise_for_epsilon`, dp-accounting's calibration)."""
-    return accounting.noise_for_epsilon(epsilon, sample_rate, rounds * local_steps, delta, accountant=accountant)
+    steps = _steps(rounds, local_steps, 1)
+    return _calibrated(check_number("epsilon", epsilon, 0), check_number("delta", delta, 0, 1),
+                       check_number("sample_rate", sample_rate, 0), steps, accountant)
+
+
+@functools.lru_cache(maxsize=256)  # a pure function of checked numbers; the calibration takes about a second
+def _calibrated(epsilon: float, delta: float, sample_rate: float, steps: int, accountant) -> float:
+    return accounting.noise_for_epsilon(epsilon, sample_rate, steps, delta, accountant=accountant)
 
 
 def spent_epsilon(noise_multiplier: float, delta: float, sample_rate: float, rounds: int, local_steps: int,
                   accountant: str = "rdp") -> float:
     """ε each client has spent after `rounds` × `local_steps` steps (inf without noise)."""
-    return accounting.epsilon(sample_rate, noise_multiplier, rounds * local_steps, delta, accountant=accountant)
+    return accounting.epsilon(sample_rate, noise_multiplier, _steps(rounds, local_steps, 0), delta, accountant=accountant)
+
+
+def _steps(rounds, local_steps, min_rounds: int) -> int:
+    """rounds × local_steps, each a whole count (a negative pair would multiply to a positive number of steps)."""
+    return check_positive_int("rounds", rounds, min_rounds) * check_positive_int("local_steps", local_steps)
 
 
 # ----------------------------------------------------------------------------------------------------

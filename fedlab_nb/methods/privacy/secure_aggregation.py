@@ -56,7 +56,7 @@ from ...core.messages import Transform
 from ...core.method import DataSizeWeighting, Method, ServerSGD, UniformWeighting, weighted_mean
 from ...core.registry import register
 from ...core.streams import register_stream
-from ...utils import rng
+from ...utils import check_number, rng
 
 SECAGG = register_stream("secure_aggregation", 23)   # the simulated clients' private keys, seeds and nonces
 STAGES = ("advertise_keys", "share_keys", "masked_input", "unmasking")
@@ -105,9 +105,10 @@ class FixedPoint:
         if not (isinstance(self.bits, int) and 2 <= self.bits <= 64):
             raise ValueError(f"bits (k, sums are mod 2^k) must be an int in [2, 64], got {self.bits!r}")
         for name, value in (("clip", self.clip), ("scale", self.scale)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"FixedPoint {name} must be a finite number > 0 (clip bounds |x|, scale is the "
-                                 f"quantisation's 1/step), got {name}={value!r}")
+            check_number(f"FixedPoint {name}", value, 0, fix="clip bounds |x|, scale is the quantisation's 1/step")
+        if not float(self.clip) * float(self.scale) < 2.0 ** (self.bits - 1):  # one value's q must fit in k bits
+            raise ValueError(f"bits={self.bits} is too small: one value's q = clip·scale = {self.clip:g}·{self.scale:g} "
+                             f"reaches 2^{self.bits - 1}; lower clip or scale, or raise bits")
         if self.max_q < 1:  # every clipped value rounds to 0: the sum decodes to 0 and the model never moves
             raise ValueError(f"FixedPoint clip·scale = {self.clip}·{self.scale:g} < 0.5: every update rounds to 0; "
                              "raise clip (the largest |update entry| kept) or scale (2**16 by default)")
