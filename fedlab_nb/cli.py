@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from fedlab_nb.repro import claims as C
-from fedlab_nb.repro.files import writable_folder
+from fedlab_nb.repro.files import user_path, writable_folder
 from fedlab_nb.repro.results import StaleResultWarning, printable, read_result, result_files
 from fedlab_nb.repro.verdicts import summary_text
 
@@ -139,7 +139,7 @@ def _lab_options(args) -> list[str]:
 def _root(args) -> Path:
     """The repository root, absolute: resolved once against the caller's directory (papermill changes it); a
     root that is missing or a file is a usage error (list and report would say nothing is there and exit 0)."""
-    root = (Path(args.root) if args.root else C.default_root()).expanduser().absolute()
+    root = user_path(args.root if args.root else C.default_root(), "--root").absolute()
     if not root.is_dir():
         where = "--root" if args.root else f"${C.ROOT_ENV}" if os.environ.get(C.ROOT_ENV) else "the package's folder"
         raise UsageError(f"the repository root {printable(str(root), 160)} ({where}) is "
@@ -152,7 +152,8 @@ def _results(args, root: Path, write: bool = False) -> Path:
     """The results folder, absolute (a relative --results or $FEDLAB_NB_RESULTS is the caller's); refused when
     it is a file, and with `write` created and checked writable, each with a one-line error naming the fix."""
     # '~/res' quoted in $FEDLAB_NB_RESULTS reaches us unexpanded: it means the home folder, not a folder named '~'
-    path = Path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results").expanduser().absolute()
+    path = user_path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results",
+                      "--results" if args.results else "$FEDLAB_NB_RESULTS").absolute()
     try:
         is_file = path.exists() and not path.is_dir()
     except OSError as e:  # ENAMETOOLONG, EACCES on a parent ...

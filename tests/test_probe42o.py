@@ -217,8 +217,6 @@ def test_history_save_stopped_between_its_files_restores_an_old_latin1_csv(tmp_p
 
 
 # ================================================================================ (2, new code) a quoted ~user
-@F_(9, "--results '~nosuchuser/res', --root '~nosuchuser' or FEDLAB_NB_RESULTS='~nosuchuser/r' is a bare "
-       "RuntimeError ('Could not determine home directory') from Path.expanduser, a traceback")
 @pytest.mark.parametrize("where", ["--results", "--root", "environment"])
 def test_a_tilde_user_that_does_not_exist_is_one_line(tmp_path, monkeypatch, where):
     root = root_copy(tmp_path)
@@ -512,9 +510,6 @@ def test_publish_interrupted_at_any_rename_or_link_keeps_the_old_result(tmp_path
 
 
 # ================================================================================ (4) a result JSON's own fields
-@F_(19, "results/tiny-smoke.json whose 'scale' field says 'paper' is listed as 'last: paper: reproduced' and is a "
-        "'paper' row of REPORT.md (a smoke run shown as the paper-scale one), while a 'paper' field that disagrees "
-        "with the file name is ignored")
 def test_a_result_whose_scale_field_disagrees_with_its_file_name_is_not_listed_as_that_scale(tmp_path):
     root = root_copy(tmp_path)
     (root / "results").mkdir()
@@ -524,8 +519,6 @@ def test_a_result_whose_scale_field_disagrees_with_its_file_name_is_not_listed_a
     assert "paper: reproduced" not in out, out
 
 
-@F_(20, "the board's advice for a corrupt results/tiny-nosuch.json is 'run fedlab-nb reproduce tiny --scale nosuch' "
-        "(REPORT.md and index.html), which fails: tiny has no such scale (list was fixed, the board was not)")
 def test_the_boards_advice_for_a_corrupt_result_of_an_unknown_scale_works(tmp_path):
     root = root_copy(tmp_path)
     (root / "results").mkdir()
@@ -605,8 +598,6 @@ def test_reproduce_with_a_folder_at_the_result_file_is_refused_before_a_kernel(t
 
 
 # ================================================================================ (2) a quoted ~ in FEDLAB_NB_DATA
-@F_(22, "FEDLAB_NB_DATA='~/data' (quoted, as in a .env file or a Dockerfile ENV) is not expanded as "
-        "FEDLAB_NB_RESULTS now is: load_cifar10 looks in ./~/data and says the batches are not there")
 def test_a_quoted_tilde_in_the_data_folder_is_the_home_folder(tmp_path, monkeypatch):
     from fedlab_nb.data import datasets
     home = tmp_path / "home"
@@ -637,8 +628,6 @@ def test_privacy_helpers_with_an_exact_epsilon_below_float_range_refuse_it(call)
     assert np.isfinite(out).all(), out
 
 
-@F_(23, "repro.reproduce / run_notebook (the Python API) with FEDLAB_NB_RESULTS='~/res' make a folder named '~' in "
-        "the working directory: runner._out_dir never expands ~ (the CLI does)")
 @pytest.mark.parametrize("api", ["reproduce", "run_notebook"])
 def test_the_python_api_reads_a_quoted_tilde_results_as_the_home_folder(tmp_path, monkeypatch, api):
     from fedlab_nb import repro

@@ -146,7 +146,8 @@ def _load_idx_folder(name: str, folders, how_to_get: str, max_train: int | None)
 
 
 def _data_root() -> Path:
-    return Path(os.environ.get("FEDLAB_NB_DATA", Path.home() / ".cache" / "fedlab_nb"))
+    # a quoted '~/data' (a .env file, a Dockerfile ENV) reaches us unexpanded: it means the home folder
+    return Path(os.path.expanduser(os.environ.get("FEDLAB_NB_DATA") or Path.home() / ".cache" / "fedlab_nb"))
 
 
 def load_fashion_mnist(root: str | None = None, max_train: int | None = None) -> Dataset:

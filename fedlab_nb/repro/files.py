@@ -31,6 +31,16 @@ class RunLockedError(ReproError):
     """Another run of the same paper holds the results folder's lock."""
 
 
+def user_path(value, name: str) -> Path:
+    """A path a user typed or set in the environment, '~' and '~user' expanded (a quoted '~/res' in a .env file or a
+    Dockerfile ENV reaches us unexpanded: it means the home folder, not a folder named '~')."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # ~nosuchuser, or no home folder at all
+        raise UnsafePathError(f"{name} {str(value)[:120]!r} starts with a '~' that names no home folder here; give "
+                              "the folder's full path") from None
+
+
 def refuse_link(path) -> Path:
     """`path` unless it is a symbolic link; fedlab-nb never writes or deletes through one in the results folder."""
     path = Path(path)

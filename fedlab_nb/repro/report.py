@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 from .claims import (CHECK, CONSTRUCT, ERROR, HEADLINE, INCONCLUSIVE, NOT_REPRODUCED, PARTIAL, REPRODUCED, SUPPORTING,
                      beside_text, role_counts)
-from .claims import default_root
+from .claims import ReproError, default_root, load_paper
 from .results import STALE, printable_strings, read_result, result_files, safe_figure, stale_result
 from .verdicts import DEFAULT_CONFIDENCE, mean_interval, summary_text
 
@@ -25,13 +25,23 @@ def load_results(results_dir="results", root=None) -> list[dict]:
     results = []
     for path, paper_id, scale in result_files(results_dir):
         data, problem = read_result(path)  # strings as written to REPORT.md / index.html: no terminal escapes
-        results.append(printable_strings(data if problem is None else stale_result(paper_id, scale, path, problem)))
+        if problem is not None:
+            data = stale_result(paper_id, scale, path, problem, _scales(paper_id, root))
+        results.append(printable_strings(data))
     stored = Path(root or default_root()) / "papers" / "paper_scale"
     for r in results:
         data, problem = read_result(stored / f"{r['paper']}.json")
         own = problem is None and data["paper"] == r["paper"] and data["scale"] == "paper"  # not a renamed file
         r["paper_scale_result"] = printable_strings(data) if own and r["scale"] != "paper" else None
     return sorted(results, key=lambda r: (r["paper"], r["scale"]))
+
+
+def _scales(paper_id: str, root) -> tuple:
+    """The scales a paper's claims file names; none when it cannot be read (then no re-run is advised)."""
+    try:
+        return tuple(load_paper(paper_id, root or default_root()).scales)
+    except ReproError:
+        return ()
 
 
 def paper_scale_text(result: dict) -> str:

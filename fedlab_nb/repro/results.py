@@ -105,6 +105,10 @@ def read_result(path) -> tuple[dict | None, str | None]:
         bad = next(c for c in data["claims"] if c.get("role") is not None and c.get("role") not in _ROLES)
         return None, printable(f"is not a result file (claim {bad['id']!r} has role {bad['role']!r}, not one of "
                                f"{', '.join(_ROLES)})", 200)
+    named = _NAME.match(path.name)  # results/<paper>-<scale>.json must hold that paper's run at that scale
+    if named and (data["paper"], data["scale"]) != (named["paper"], named["scale"]):
+        return None, printable(f"is not a result file of its name (it says paper {data['paper']!r}, scale "
+                               f"{data['scale']!r})", 200)
     if not _error_ok(data.get("error")):
         return None, "is not a result file (field error is not a mapping with cell, ename and evalue)"
     if not _counts_ok(data.get("counts")):
@@ -206,10 +210,13 @@ def result_files(results_dir, paper_id: str | None = None) -> list[tuple[Path, s
     return found
 
 
-def stale_result(paper_id: str, scale: str, path: Path, problem: str) -> dict:
-    """A placeholder result for the board: a corrupt file shows up as a stale row instead of vanishing."""
+def stale_result(paper_id: str, scale: str, path: Path, problem: str, scales=None) -> dict:
+    """A placeholder result for the board: a corrupt file shows up as a stale row instead of vanishing. Its advice
+    re-runs the scale only where the paper has one by that name (`scales`; None: not known)."""
+    fix = (f"run `fedlab-nb reproduce {paper_id} --scale {scale}` to replace it" if scales is None or scale in scales
+           else f"remove or rename it: {paper_id} has no scale by that name")
     return {"paper": paper_id, "scale": scale, "verdict": STALE, "claims": [], "error": None,
-            "stale": f"{path.name} {problem}; run `fedlab-nb reproduce {paper_id} --scale {scale}` to replace it"}
+            "stale": f"{path.name} {problem}; {fix}"}
 
 
 def safe_figure(results_dir, figure) -> Path | None:

@@ -29,7 +29,7 @@ import nbformat
 
 from .claims import (ERROR, ROOT_ENV, PACKAGE_ROOT, Paper, ReproError, default_root, judge_detail, load_paper,
                      SCALE_NAME, role_counts, headline_verdict, report_values)
-from .files import UnsafePathError, make_folder, publish, refuse_link, run_lock, staging
+from .files import UnsafePathError, make_folder, publish, refuse_link, run_lock, staging, user_path
 from .recording import METRICS_FILE, RUN_DIR_ENV, write_json_atomic
 from .results import StaleResultWarning, file_digest, printable, read_result, safe_output
 
@@ -261,7 +261,8 @@ def _environment(**values: str):
 def _out_dir(out_dir, root: Path) -> Path:
     if out_dir is None:
         out_dir = os.environ.get("FEDLAB_NB_RESULTS") or root / "results"
-    return Path(out_dir).absolute()  # once, against the caller's directory: papermill runs in the notebook's
+    # once, against the caller's directory: papermill runs in the notebook's
+    return user_path(out_dir, "the results folder").absolute()
 
 
 def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = None, device: str | None = None,
