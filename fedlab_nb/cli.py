@@ -25,7 +25,7 @@ import yaml
 
 from fedlab_nb.repro import claims as C
 from fedlab_nb.repro.files import user_path, writable_folder
-from fedlab_nb.repro.results import StaleResultWarning, printable, read_result, result_files
+from fedlab_nb.repro.results import StaleResultWarning, printable, printable_name, read_result, result_files
 from fedlab_nb.repro.verdicts import summary_text
 
 
@@ -192,10 +192,11 @@ def _last_results(results: Path, pid: str, scales=()) -> dict:
                    if path.is_symlink() or path.is_dir() else
                    f"fedlab-nb reproduce {pid} --scale {scale} replaces it" if scale in scales
                    else f"remove or rename it: {pid} has no scale by that name")  # or a name not UTF-8
-            print(printable(f"warning: {path} {problem}; treated as stale ({fix})"), file=sys.stderr)
-            last[scale] = {"verdict": "stale (corrupt result file)", "claims": []}
-        elif data["paper"] == pid:
-            last[data["scale"]] = data
+            print(f"warning: {printable_name(path)} " + printable(f"{problem}; treated as stale ({fix})"),
+                  file=sys.stderr)
+            last[printable_name(scale)] = {"verdict": "stale (corrupt result file)", "claims": []}
+        else:  # read_result checked that its paper and scale are its name's
+            last[printable_name(scale)] = data
     return last
 
 

@@ -126,13 +126,13 @@ def test_flower_setup_refuses_an_undeclared_custom_sampler_under_dp(fed10):  # h
 
 
 # ================================================================================ (5, new code) printable
-@F_(5, "printable drops a zero-width space, so results/tiny-sm\\u200boke.json lists as 'smoke: reproduced' like "
-       "tiny-smoke.json (and a tab prints as a space): two files, one printed name")
 @pytest.mark.parametrize("pair", [("sm\u200boke", "smoke"), ("a\tb", "a b"), ("a\x00b", "ab")],
                          ids=["zero width space", "tab", "NUL"])
 def test_printable_never_prints_two_names_the_same(pair):
-    from fedlab_nb.repro.results import printable
-    assert printable(pair[0]) != printable(pair[1])
+    # fixed by a printer for names: printable drops these characters from prose (test_probe42n holds it to that),
+    # printable_name, which list, its warnings and the board use for file names and scales, escapes them
+    from fedlab_nb.repro.results import printable_name
+    assert printable_name(pair[0]) != printable_name(pair[1])
 
 
 @pytest.mark.parametrize("pair", [("\\\udcff", "\\\\xff"), ("x\\", "x\\\\"), ("\\\u200bx", "\\\\x"),
@@ -144,7 +144,6 @@ def test_printable_keeps_backslash_and_byte_names_apart(pair):  # held
     assert printable(pair[0]) != printable(pair[1])
 
 
-@F_(5, "list prints results/tiny-smoke.json and tiny-sm\\u200boke.json both as 'smoke: reproduced'")
 def test_list_shows_a_result_named_with_a_zero_width_space_distinctly(tmp_path):
     root = root_copy(tmp_path)
     res = root / "results"
@@ -359,8 +358,6 @@ def test_dp_fedavg_with_a_sampling_rate_below_float_range_is_named(fed10):
 
 
 # ================================================================================ (3, 8) odd claims files in papers/
-@F_(16, "a dangling link (or a link loop) at papers/evil.yaml gives 'unknown paper 'evil' (no papers/evil.yaml); "
-        "did you mean evil?': a fix that names the same paper, not the broken link")
 @pytest.mark.parametrize("target", ["/nonexistent/x.yaml", "evil.yaml"], ids=["dangling", "loop"])
 def test_a_broken_link_at_a_claims_file_is_named_as_a_link(tmp_path, target):
     root = root_copy(tmp_path)
@@ -470,8 +467,6 @@ def test_history_privacy_refuses_rows_that_are_no_running_total(rows):  # held
         h.privacy()
 
 
-@F_(18, "fedlab-nb history on a CSV whose round column holds text ('1', 'x') prints a privacy guarantee: the "
-        "round-order check compares the text")
 def test_history_with_a_round_column_of_text_is_one_line(tmp_path):
     path = tmp_path / "run.csv"
     path.write_text("round,epsilon,dp_delta\n1,1,1e-5\nx,2,1e-5\n")
@@ -721,9 +716,6 @@ def test_a_bernoulli_sampler_that_takes_everyone_after_the_check_is_refused(fed1
 
 
 # ================================================================================ (8) a claims file's huge number
-@F_(26, "an expect of '> 999…9' (900,000 digits, under the 1 MB limit) or 'between 1…1 and 2…2' is one error "
-        "line of 900 KB in list / params / reproduce: the number is echoed whole (other parse errors are "
-        "clipped to ~400)")
 @pytest.mark.parametrize("expect", ["> " + "9" * 900_000, "between " + "1" * 400_000 + " and " + "2" * 400_000],
                          ids=["one bound", "between"])
 def test_a_huge_number_in_an_expectation_is_a_short_line(tmp_path, expect):

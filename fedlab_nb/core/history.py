@@ -51,6 +51,10 @@ class History(pd.DataFrame):
         row's ε (an earlier round's ε does not bound the rounds after it)."""
         if "epsilon" not in self.columns or self["epsilon"].dropna().empty:
             return None
+        text = [c for c in ("round", "epsilon", "dp_delta") if c in self.columns and not _numeric(self[c])]
+        if text:  # '1', 'x' would be ordered as text and the last row read as the guarantee
+            raise ValueError(f"the {', '.join(text)} column holds values that are not numbers: not rows that "
+                             "History.save wrote, so they state no guarantee")
         if "round" in self.columns and not self["round"].is_monotonic_increasing:
             raise ValueError("the rows are not in round order: the last row's epsilon need not be the final one; "
                              "sort the rows by round (or save the History again)")
@@ -128,6 +132,10 @@ def _privacy_line(epsilon: float, delta: float, rounds: int) -> str:
     if not (0 <= delta < 1 or math.isnan(delta)):  # δ >= 1 allows anything; a negative δ is no probability
         raise ValueError(f"the last dp_delta is {delta}: not a privacy level (0 <= δ < 1)")
     return f"  privacy: (epsilon = {epsilon:.3g}, delta = {delta:.3g}) after {rounds} rounds"
+
+
+def _numeric(column: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
 
 
 def meta_path(path: Path) -> Path:

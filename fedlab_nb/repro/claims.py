@@ -136,6 +136,7 @@ def paper_ids(root: Path | None = None) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
+MAX_EXPECT = 1000  # characters of one expect / partial; the longest in papers/ is 62
 MAX_PAPER_ID = 64  # the longest papers/<id>.yaml is 30 characters; file systems refuse names over 255 bytes
 
 
@@ -158,6 +159,9 @@ def claims_path(paper_id: str, root: Path | None = None) -> Path:
     path = root / "papers" / f"{paper_id}.yaml"
     if path.exists() and not path.is_file():  # a link to /dev/zero, a FIFO, a folder: not "unknown"
         raise _not_regular(path)
+    if path.is_symlink() and not path.exists():  # a link to nothing, or a loop: it is there, but broken
+        raise ReproError(f"{path} is a symbolic link that leads nowhere (to {os.readlink(path)!r}: missing, or a "
+                         "loop); remove it, or point it at a claims file")
     if not path.is_file():
         known = paper_ids(root)
         close = difflib.get_close_matches(paper_id, known, n=3)
@@ -223,6 +227,9 @@ class _Checker:
         return value
 
     def expectation(self, text, where: str, claim: str | None = None) -> Expectation:
+        if isinstance(text, str) and len(text) > MAX_EXPECT:  # it would be echoed whole in every error line
+            self.fail(where, ("" if claim is None else f"of claim {claim!r} ") + f"is {len(text):,} characters long",
+                      f"an expectation of at most {MAX_EXPECT} characters, e.g. '> fedavg_acc + 0.02'")
         try:
             return parse_expectation(text)
         except ExpectationError as e:

@@ -8,7 +8,7 @@ from urllib.parse import quote
 from .claims import (CHECK, CONSTRUCT, ERROR, HEADLINE, INCONCLUSIVE, NOT_REPRODUCED, PARTIAL, REPRODUCED, SUPPORTING,
                      beside_text, role_counts)
 from .claims import ReproError, default_root, load_paper
-from .results import STALE, printable_strings, read_result, result_files, safe_figure, stale_result
+from .results import STALE, printable_name, printable_strings, read_result, result_files, safe_figure, stale_result
 from .verdicts import DEFAULT_CONFIDENCE, mean_interval, summary_text
 
 COLOURS = {REPRODUCED: "#2e7d32", PARTIAL: "#ef8f00", NOT_REPRODUCED: "#757575", INCONCLUSIVE: "#5c6bc0",
@@ -27,7 +27,7 @@ def load_results(results_dir="results", root=None) -> list[dict]:
         data, problem = read_result(path)  # strings as written to REPORT.md / index.html: no terminal escapes
         if problem is not None:
             data = stale_result(paper_id, scale, path, problem, _scales(paper_id, root))
-        results.append(printable_strings(data))
+        results.append({**printable_strings(data), "scale": printable_name(scale)})  # two files, two names
     stored = Path(root or default_root()) / "papers" / "paper_scale"
     for r in results:
         data, problem = read_result(stored / f"{r['paper']}.json")

@@ -49,6 +49,21 @@ def printable(text, limit: int | None = None) -> str:
     return text if limit is None or len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
+def printable_name(name) -> str:
+    """A file name (or a scale taken from one) shown so that two names never print the same: every backslash
+    doubled, a non-UTF-8 byte as \\xNN, and every control or format character `printable` would drop (zero
+    widths, NUL, tab, newline) as \\uXXXX or \\UXXXXXXXX."""
+    text = _CONTROL.sub(_char_escape, str(name).replace("\\", "\\\\"))
+    return text.replace("\t", "\\u0009").replace("\n", "\\u000a")
+
+
+def _char_escape(match) -> str:
+    c = match.group()
+    if _UNDECODABLE.fullmatch(c):
+        return _byte_escape(match)
+    return f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+
+
 def _keep_bytes(match) -> str:
     """A control character goes; a file name's undecodable byte stays, to be shown as \\xNN."""
     return match.group() if _UNDECODABLE.fullmatch(match.group()) else ""
