@@ -182,6 +182,26 @@ class _ArraysOnly(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+def _cifar_batch(path: Path) -> tuple:
+    """(images / 255, labels) of one batch file; a file that is cut short or not a batch is a ValueError naming it
+    (a batch naming a foreign global stays the unpickler's refusal)."""
+    try:
+        with open(path, "rb") as f:
+            b = _ArraysOnly(f, encoding="bytes").load()
+        x, y = np.asarray(b[b"data"]), np.asarray(b[b"labels"])
+        if x.ndim != 2 or x.shape[1] != 3072 or y.shape != (len(x),):
+            raise ValueError(f"data of shape {x.shape} and {y.shape} labels, not [n, 3072] images and n labels")
+    except pickle.UnpicklingError as e:
+        if "is not part of a CIFAR-10 batch" in str(e):
+            raise
+        raise ValueError(f"cifar10: {path} is not a CIFAR-10 batch ({str(e)[:100]}); delete the folder and fetch "
+                         "the data again") from None
+    except (EOFError, TypeError, KeyError, IndexError, AttributeError, ValueError) as e:
+        raise ValueError(f"cifar10: {path} is not a CIFAR-10 batch ({type(e).__name__}: {str(e)[:100]}); delete the "
+                         "folder and fetch the data again") from None
+    return x / 255.0, y
+
+
 def load_cifar10(root: str | None = None) -> Dataset:
     """CIFAR-10 from the original python pickle batches (`cifar-10-batches-py/`)."""
     folder = Path(root) if root else _data_root() / "cifar10" / "cifar-10-batches-py"
@@ -189,11 +209,7 @@ def load_cifar10(root: str | None = None) -> Dataset:
     if not all((folder / n).exists() for n in names):
         raise DatasetNotAvailable(f"cifar10: the pickle batches ({', '.join(names)}) are not in {folder}. Run "
                                   "`fedlab-nb data fetch cifar10` on a machine with internet, or pass root=FOLDER.")
-    parts = []
-    for n in names:
-        with open(folder / n, "rb") as f:
-            b = _ArraysOnly(f, encoding="bytes").load()
-        parts.append((b[b"data"] / 255.0, np.array(b[b"labels"])))
+    parts = [_cifar_batch(folder / n) for n in names]
     xtr, ytr = _tensors(np.concatenate([p[0] for p in parts[:5]]), np.concatenate([p[1] for p in parts[:5]]))
     xte, yte = _tensors(*parts[5])
     return Dataset("cifar10", xtr, ytr, xte, yte, 10, (3, 32, 32), meta={"folder": str(folder)})

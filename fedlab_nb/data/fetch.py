@@ -44,10 +44,22 @@ def fetch(name: str, root: str | None = None) -> Path:
     return folder
 
 
+def _check_gzip(archive: Path) -> None:
+    """Read a gzip archive to its end, so that its CRC is checked: tarfile stops at the archive's end blocks and
+    would extract altered bytes without a word."""
+    with open(archive, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return
+    with gzip.open(archive, "rb") as g:
+        while g.read(1 << 20):
+            pass
+
+
 def _extract(archive: Path, folder: Path) -> None:
     """Unpack `archive` into `folder`, members outside it refused (tarfile's data filter); a corrupt or hostile
     archive is a ValueError naming it and the fix."""
     try:
+        _check_gzip(archive)
         with tarfile.open(archive) as tar:
             tar.extractall(folder, filter="data")
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:  # corrupt, cut short or hostile
