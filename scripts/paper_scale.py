@@ -99,7 +99,7 @@ def _store(paper_id: str, results: Path, root: Path) -> Path:
     source = results / f"{paper_id}-paper.json"
     data, problem = read_result(source)
     if problem:
-        raise SystemExit(f"{source} {problem}; run `fedlab-nb reproduce {paper_id} --scale paper` first")
+        raise SystemExit(f"{source} {problem}; run `fedlab-nb reproduce {paper_id} --scale paper` first; nothing stored")
     if data["paper"] != paper_id or data["scale"] != "paper":
         raise SystemExit(printable(f"{source} holds the {data['paper']!r} run at scale {data['scale']!r}, not "
                                    f"{paper_id!r} at scale 'paper'; nothing stored", 300))
