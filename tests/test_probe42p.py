@@ -1,0 +1,110 @@
+"""Probe 42p: a sixteenth, independent re-run of issue 42's failure classes, aimed first at what is new since the
+fifteenth (the exact binomial check of a DP sampler, FixedPoint's one-value bound, History's shared metadata,
+printable_name, read_result's name check, the Flower reply's rows_held) with variants the earlier
+test_probe42*.py do not try: fair Poisson and fixed samplers over 3,000 rounds at odd (K, q), a sampler a little
+too keen on one client, clip·scale that rounds up to 2^(bits-1), a History saved over another run's metadata,
+Flower replies all claiming zero rows, result files whose scale field differs only in case, escapes and lone
+surrogates in a result's notes, relative --results from a sub-folder, a results path that is a file, links at the
+board and the lab folder. Each test asserts the correct behaviour; a test marked xfail(strict=True) is an open
+finding (its reason says what is wrong), so the suite stays green until it is fixed."""
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from probes import CONTROL, RESULT, cli, fed10, root_copy  # noqa: F401 (fed10: a fixture)
+from probes import numbered_finding as F_
+from probes import clean, no_traceback
+
+
+# ================================================================================ (1, new code) the sampling check
+def _check_run(K, q, sampling, pick, rounds, seed=0):
+    """The round at which DPAggregate's sampling check refuses `pick` (1-based), or None when it never does."""
+    from fedlab_nb.methods.privacy.dp import DPAggregate
+    rule = DPAggregate(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=q, sampling=sampling)
+    state, g = rule.init_state(torch.zeros(3), K), np.random.default_rng(seed)
+    for r in range(rounds):
+        ids = np.sort(pick(r, K, g))
+        try:
+            rule._check_sampling(state, len(ids), ids)
+        except ValueError:
+            return r + 1
+    return None
+
+
+def _poisson(q):
+    return lambda r, K, g: np.flatnonzero(g.random(K) < q)
+
+
+@pytest.mark.parametrize("K, q", [(10, 0.1), (2, 0.5), (1000, 0.001), (3, 0.9), (100, 0.3), (1, 0.5)])
+def test_a_fair_poisson_sampler_is_never_refused_over_3000_rounds(K, q):  # held
+    assert [_check_run(K, q, "poisson", _poisson(q), 3000, seed) for seed in range(2)] == [None, None]
+
+
+@pytest.mark.parametrize("K, m", [(10, 1), (4, 3), (1000, 1), (100, 30)])
+def test_a_fair_fixed_sampler_is_never_refused_over_3000_rounds(K, m):  # held
+    assert _check_run(K, m / K, "fixed", lambda r, K, g: g.choice(K, m, replace=False), 3000) is None
+
+
+@pytest.mark.parametrize("pick", [
+    lambda r, K, g: np.union1d([0], np.flatnonzero(g.random(K) < 0.1)),           # client 0 every round
+    lambda r, K, g: np.flatnonzero(g.random(K) < np.r_[0.2, [0.1] * 9]),         # client 0 at twice q
+    lambda r, K, g: np.flatnonzero(g.random(K) < 0.12),                           # everyone a fifth too often
+    lambda r, K, g: np.arange(K) if g.random() < 0.1 else np.array([], int)],     # all or nobody: rate q, not Poisson
+    ids=["one client always", "one client at 2q", "q=0.12 for 0.1", "all or nobody"])
+def test_a_poisson_sampler_a_little_too_keen_is_refused_in_time(pick):  # held
+    assert _check_run(10, 0.1, "poisson", pick, 3000) is not None
+
+
+def test_a_fixed_sampler_favouring_one_client_is_refused(fed10):  # held
+    pick = lambda r, K, g: np.array([0]) if r % 2 else np.array([1 + r // 2 % 9])  # noqa: E731
+    assert _check_run(10, 0.1, "fixed", pick, 500) is not None
+
+
+def test_a_custom_fixed_sampler_for_a_non_whole_qk_is_refused_before_round_one(fed10):  # held
+    import fedlab_nb as fl
+    from probes import KW, declared
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg
+    sampler = declared(lambda r, K, g: g.choice(K, 2, replace=False), 0.15, "fixed")
+    with pytest.raises(ValueError, match="whole number"):
+        fl.simulate(dp_fedavg(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.15, sampling="fixed"), fed10,
+                    rounds=2, clients_per_round=sampler, seed=0, **KW)
+
+
+# ================================================================================ (new code) FixedPoint's one value
+@F_(1, "FixedPoint accepts clip·scale just under 2^(bits-1) that rounds to 2^(bits-1): quantize wraps +clip to "
+       "-2^(bits-1) and the value decodes with the wrong sign, no error")
+@pytest.mark.parametrize("kw", [dict(clip=1.0, scale=1.6, bits=2), dict(clip=1.0, scale=2 ** 31 - 0.4, bits=32)],
+                         ids=["bits 2", "bits 32"])
+def test_fixed_point_never_wraps_one_clipped_value(kw):
+    from fedlab_nb.methods.privacy.secure_aggregation import FixedPoint
+    try:
+        fp = FixedPoint(**kw)
+    except ValueError as e:
+        assert "bits" in str(e)
+        return
+    assert fp.dequantize(fp.quantize([1.0]))[0] > 0
+
+
+# ================================================================================ (new code) History's metadata
+def test_history_saved_at_another_runs_metadata_file_is_refused(tmp_path):  # held
+    from fedlab_nb.core.history import History
+    a = History(pd.DataFrame({"round": [0, 1], "acc": [0.1, 0.2]}))
+    a.meta = {"who": "a"}
+    a.save(tmp_path / "run")
+    with pytest.raises(ValueError):
+        History(pd.DataFrame({"round": [0], "acc": [0.9]})).save(tmp_path / "run.json")
+    assert History.load(tmp_path / "run").meta == {"who": "a"}
+
+
+@pytest.mark.parametrize("column, values", [("epsilon", [True, True]), ("dp_delta", ["1e-5", "x"]),
+                                            ("round", [0.0, float("nan")])], ids=["bool eps", "text delta", "nan round"])
+def test_history_privacy_refuses_columns_that_state_no_guarantee(column, values):
+    from fedlab_nb.core.history import History
+    rows = {"round": [0, 1], "epsilon": [0.5, 1.0], "dp_delta": [1e-5, 1e-5]}
+    h = History(pd.DataFrame({**rows, column: values}))
+    with pytest.raises(ValueError):
+        h.privacy()
