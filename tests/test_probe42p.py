@@ -108,3 +108,108 @@ def test_history_privacy_refuses_columns_that_state_no_guarantee(column, values)
     h = History(pd.DataFrame({**rows, column: values}))
     with pytest.raises(ValueError):
         h.privacy()
+
+
+# ================================================================================ (8) a result's verdict vocabulary
+def _result(root, name="tiny-smoke.json", **fields):
+    (root / "results").mkdir(exist_ok=True)
+    (root / "results" / name).write_text(json.dumps({**RESULT, **fields}))
+
+
+@F_(2, "a result file whose verdicts are not verdicts ('great', 'vérifié reproduced') is listed and counted on the "
+       "board as if they were, not stale")
+def test_a_result_with_a_verdict_that_is_no_verdict_is_stale(tmp_path):
+    root = root_copy(tmp_path)
+    _result(root, verdict="great", claims=[{**RESULT["claims"][0], "verdict": "great"}])
+    rc, out, err = cli(["--root", root, "list"])
+    no_traceback(rc, err)
+    rc, out2, err2 = cli(["--root", root, "report"])
+    no_traceback(rc, err2)
+    assert "great" not in out + (root / "results" / "REPORT.md").read_text(), out
+
+
+@pytest.mark.parametrize("field", ["note", "expect", "id"])
+def test_escapes_and_lone_surrogates_in_a_results_claim_never_print_raw(tmp_path, field):  # held
+    root = root_copy(tmp_path)
+    _result(root, claims=[{**RESULT["claims"][0], field: "a\ud800b\x1b[2J\u202ec\x85"}])
+    for cmd in (["list"], ["list", "--claims"], ["report"]):
+        rc, out, err = cli(["--root", root, *cmd])
+        no_traceback(rc, err)
+        board = "".join((root / "results" / f).read_text() for f in ("REPORT.md", "index.html")) if cmd == ["report"] else ""
+        assert clean(out + err + board) and "\ud800" not in out + err + board, cmd
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e999", "NaN", "1" * 5000], ids=["inf", "-inf", "nan", "5000 digits"])
+def test_a_result_with_non_finite_or_huge_metrics_is_one_line_on_every_printer(tmp_path, number):
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    text = json.dumps(RESULT).replace('"value": 1.0', f'"value": {number}')
+    (root / "results" / "tiny-smoke.json").write_text(text)
+    for cmd in (["list"], ["list", "--claims"], ["report"]):
+        rc, out, err = cli(["--root", root, *cmd])
+        no_traceback(rc, err)
+        assert len(max((out + err).splitlines(), key=len, default="")) < 2000, cmd
+
+
+def test_a_result_whose_scale_field_differs_only_in_case_is_not_that_scale(tmp_path):  # held
+    root = root_copy(tmp_path)
+    _result(root, scale="SMOKE")
+    rc, out, err = cli(["--root", root, "list"])
+    no_traceback(rc, err)
+    assert "smoke: reproduced" not in out, out
+
+
+# ================================================================================ (7) results path that is a file
+@pytest.mark.parametrize("cmd", [["list"], ["report"], ["history", "h.csv"], ["reproduce", "tiny", "-j", "1"]])
+def test_a_results_path_that_is_a_file_is_one_line_naming_it(tmp_path, cmd):  # held
+    root = root_copy(tmp_path)
+    (root / "afile").write_text("x")
+    rc, out, err = cli(["--root", root, "--results", root / "afile", *cmd])
+    assert rc not in (0, None) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+    assert len(err.strip().splitlines()) == 1, err
+
+
+# ================================================================================ (2) relative --results everywhere
+@pytest.mark.parametrize("results", ["./x/../res", "res/", "res//sub"])
+def test_odd_relative_results_from_a_sub_folder_for_report_and_list(tmp_path, monkeypatch, results):  # held
+    root = root_copy(tmp_path)
+    (root / "sub").mkdir()
+    monkeypatch.chdir(root / "sub")
+    for cmd in (["report"], ["list"], ["params", "tiny"]):
+        rc, out, err = cli(["--root", "..", "--results", results, *cmd])
+        assert rc == 0 and "Traceback" not in err, (cmd, rc, err)
+    assert (root / "sub" / results / "REPORT.md").is_file()
+
+
+def test_relative_env_results_with_an_absolute_root_writes_one_board(tmp_path, monkeypatch):  # held
+    root = root_copy(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDLAB_NB_RESULTS", "envres")
+    rc, out, err = cli(["--root", root, "report"])
+    assert rc == 0, err
+    assert [p for p in (tmp_path / "envres", root / "envres") if (p / "REPORT.md").is_file()], out
+
+
+# ================================================================================ (3) links at the board
+@pytest.mark.parametrize("name", ["REPORT.md", "index.html"])
+def test_a_dangling_link_at_the_board_is_never_written_through(tmp_path, name):  # held
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    target = tmp_path / "outside" / name
+    target.parent.mkdir()
+    (root / "results" / name).symlink_to(target)
+    rc, out, err = cli(["--root", root, "report"])
+    assert "Traceback" not in err and not target.exists(), (rc, err)
+
+
+def test_a_read_only_results_folder_is_one_line(tmp_path):
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    with pytest.MonkeyPatch.context() as m:
+        import fedlab_nb.repro.files as files
+
+        def refuse(*a, **k):
+            raise PermissionError(13, "Permission denied", str(root / "results"))
+        m.setattr(files.tempfile, "mkstemp", refuse)
+        rc, out, err = cli(["--root", root, "report"])
+    assert rc not in (0, None) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
