@@ -213,3 +213,63 @@ def test_a_read_only_results_folder_is_one_line(tmp_path):
         m.setattr(files.tempfile, "mkstemp", refuse)
         rc, out, err = cli(["--root", root, "report"])
     assert rc not in (0, None) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+
+
+# ================================================================================ (6, new code) Flower replies
+def test_flower_replies_all_claiming_zero_rows_are_refused_or_move_nothing(fed10):
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    replies = [flower_reply(s, k, **{"num-examples": 0}) for k in range(3)]
+    try:
+        s.aggregate_train(1, replies)
+    except ValueError as e:
+        assert "num-examples" in str(e) or "client" in str(e)
+        return
+    assert torch.isfinite(torch.as_tensor(np.asarray(s.theta))).all()
+
+
+@pytest.mark.parametrize("delta", ["short", "float64", "nan"])
+def test_flower_reply_with_an_odd_delta_is_refused_naming_the_client(fed10, delta):
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    n = s.theta.numel()
+    bad = {"short": np.zeros(n - 1, np.float32), "float64": np.zeros(n, np.float64),
+           "nan": np.full(n, np.nan, np.float32)}[delta]
+    replies = [flower_reply(s, k, delta=bad if k == 1 else None) for k in range(3)]
+    with pytest.raises(ValueError, match="client 1"):
+        s.aggregate_train(1, replies)
+
+
+# ================================================================================ (4, 8) claims files handed to us
+@pytest.mark.parametrize("encode", [lambda t: b"\xef\xbb\xbf" + t.encode(), lambda t: t.encode("utf-16"),
+                                    lambda t: t.encode()[:200] + b"\xff\xfe" + t.encode()[200:]],
+                         ids=["bom", "utf-16", "a bad byte"])
+def test_an_odd_encoding_of_a_claims_file_is_one_line_or_read(tmp_path, encode):  # held
+    root = root_copy(tmp_path)
+    p = root / "papers" / "tiny.yaml"
+    p.write_bytes(encode(p.read_text()))
+    rc, out, err = cli(["--root", root, "list"])
+    no_traceback(rc, err)
+
+
+@pytest.mark.parametrize("scale", ["smoke/../../x", "a\\..\\..\\x", ".", "..", "a\x00b", "-rf"])
+def test_an_odd_scale_name_never_runs_or_writes_outside(tmp_path, scale):  # held
+    from unittest import mock
+
+    from fedlab_nb.repro import runner
+    root = root_copy(tmp_path, lambda t: t.replace("  paper: {device: cpu,", f"  {json.dumps(scale)}: {{device: cpu,"))
+    with mock.patch.object(runner, "_execute", side_effect=AssertionError("a kernel was started")):
+        rc, out, err = cli(["--root", root, "reproduce", "tiny", "--scale", scale, "-j", "1"])
+    assert "kernel was started" not in str(rc) + out + err and "Traceback" not in err, (rc, err)
+    assert not (tmp_path / "x").exists() and not (root / "x").exists()
+
+
+@pytest.mark.parametrize("value", ["1e999", ".inf", ".nan", "1e308", "1_000"], ids=lambda v: v)
+def test_p_values_that_are_no_finite_number_are_refused_before_a_kernel(tmp_path, value):
+    from unittest import mock
+
+    from fedlab_nb.repro import runner
+    root = root_copy(tmp_path)
+    with mock.patch.object(runner, "_execute", side_effect=AssertionError("a kernel was started")):
+        rc, out, err = cli(["--root", root, "run", "tiny", "-p", "n_points", value])
+    assert "kernel was started" not in str(rc) + out + err and "Traceback" not in err, (rc, out, err)
