@@ -273,3 +273,47 @@ def test_p_values_that_are_no_finite_number_are_refused_before_a_kernel(tmp_path
     with mock.patch.object(runner, "_execute", side_effect=AssertionError("a kernel was started")):
         rc, out, err = cli(["--root", root, "run", "tiny", "-p", "n_points", value])
     assert "kernel was started" not in str(rc) + out + err and "Traceback" not in err, (rc, out, err)
+
+
+def test_flower_two_replies_from_one_client_are_refused_naming_it(fed10):  # held
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    with pytest.raises(ValueError, match="client ids|client 0"):
+        s.aggregate_train(1, [flower_reply(s, 0), flower_reply(s, 0), flower_reply(s, 1)])
+
+
+# ================================================================================ (3, 8) what sits at a claims file
+@pytest.mark.parametrize("make", ["loop", "to /dev/zero", "to a folder", "fifo", "sparse 1.2 GB"])
+def test_odd_things_at_a_claims_file_are_one_line_each_and_tiny_still_lists(tmp_path, make):  # held
+    root = root_copy(tmp_path)
+    p = root / "papers" / "odd.yaml"
+    if make == "loop":
+        p.symlink_to("odd.yaml")
+    elif make == "to /dev/zero":
+        p.symlink_to("/dev/zero")
+    elif make == "to a folder":
+        p.symlink_to(tmp_path)
+    elif make == "fifo":
+        os.mkfifo(p)
+    else:
+        with p.open("wb") as f:
+            f.write(b"id: odd\n#")
+            f.truncate(1200 << 20)
+    rc, out, err = cli(["--root", root, "list"])
+    no_traceback(rc, err)
+    assert "tiny" in out and len([ln for ln in (out + err).splitlines() if "odd" in ln]) == 1, out + err
+
+
+# ================================================================================ (1, new code) calibration
+@pytest.mark.parametrize("target, accountant", [(1e-300, "rdp"), (1e-6, "rdp"), (1e-3, "pld"), (0.5, "pld")])
+def test_noise_for_a_tiny_epsilon_meets_it_under_its_own_accountant(target, accountant):  # held
+    from fedlab_nb.methods.privacy import accounting as A
+    z = A.noise_for_epsilon(target, 0.1, 3, 1e-5, accountant)
+    assert np.isfinite(z) and A.epsilon(0.1, z, 3, 1e-5, accountant) <= target * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("steps", [3.0, True, -1, "3"], ids=["float", "bool", "negative", "text"])
+def test_accounting_steps_must_be_a_whole_count(steps):  # held
+    from fedlab_nb.methods.privacy import accounting as A
+    with pytest.raises(ValueError, match="steps"):
+        A.epsilon(0.1, 1.0, steps, 1e-5)
