@@ -317,3 +317,41 @@ def test_accounting_steps_must_be_a_whole_count(steps):  # held
     from fedlab_nb.methods.privacy import accounting as A
     with pytest.raises(ValueError, match="steps"):
         A.epsilon(0.1, 1.0, steps, 1e-5)
+
+
+# ================================================================================ (3, new code) the runs folder
+@pytest.mark.parametrize("where", ["results/runs", "results/runs/<folder>"])
+def test_run_with_a_link_on_its_output_path_is_refused_before_a_kernel(tmp_path, where):  # held
+    from unittest import mock
+
+    from fedlab_nb.repro import runner
+    root = root_copy(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "results" / "runs").mkdir(parents=True)
+    if where == "results/runs":
+        (root / "results" / "runs").rmdir()
+        (root / "results" / "runs").symlink_to(outside)
+    else:
+        from fedlab_nb.repro.claims import load_paper
+        paper = load_paper("tiny", root)
+        params, _ = runner.build_parameters(paper, "smoke", None, None)
+        runner.run_folder("tiny", "smoke", params, root / "results", first=[]).symlink_to(outside)
+    with mock.patch.object(runner, "_execute", side_effect=AssertionError("a kernel was started")):
+        rc, out, err = cli(["--root", root, "run", "tiny"])
+    assert rc not in (0, None) and "kernel was started" not in str(rc) + err and "link" in err, (rc, err)
+    assert list(outside.iterdir()) == []
+
+
+# ================================================================================ (5) a corrupt result's own name
+@pytest.mark.parametrize("name", ["tiny-sm\x1b[2Joke.json", "tiny-smoke\u202e.json", "tiny-a\\u001b.json"],
+                         ids=["escape", "bidi", "an escaped escape"])
+def test_a_corrupt_result_with_control_characters_in_its_name_prints_clean(tmp_path, name):  # held
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    (root / "results" / name).write_text("{corrupt")
+    for cmd in (["list"], ["report"]):
+        rc, out, err = cli(["--root", root, *cmd])
+        no_traceback(rc, err)
+        board = "".join((root / "results" / f).read_text() for f in ("REPORT.md", "index.html")) if cmd == ["report"] else ""
+        assert clean(out + err + board), (cmd, out + err)
