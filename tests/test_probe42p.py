@@ -355,3 +355,45 @@ def test_a_corrupt_result_with_control_characters_in_its_name_prints_clean(tmp_p
         no_traceback(rc, err)
         board = "".join((root / "results" / f).read_text() for f in ("REPORT.md", "index.html")) if cmd == ["report"] else ""
         assert clean(out + err + board), (cmd, out + err)
+
+
+# ================================================================================ (new code) History.privacy
+@F_(3, "History.privacy() takes a complex dp_delta column (1e-5+1j) as a number: it returns delta 1e-05, the "
+       "imaginary part dropped with only a ComplexWarning, instead of refusing a column that is no real number")
+def test_history_privacy_refuses_a_complex_delta_column():
+    from fedlab_nb.core.history import History
+    h = History(pd.DataFrame({"round": [0, 1], "epsilon": [0.5, 1.0], "dp_delta": [1e-5 + 0j, 1e-5 + 1j]}))
+    with pytest.raises(ValueError, match="dp_delta"):
+        h.privacy()
+
+
+# ================================================================================ (7, 8, new code) data fetch
+def _cifar_archive(path, extra=b""):
+    import io
+    import tarfile
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo("cifar-10-batches-py/a")
+        info.size = 1000
+        tar.addfile(info, io.BytesIO(os.urandom(1000)))
+    path.write_bytes(path.read_bytes() + extra)
+
+
+@pytest.mark.parametrize("case", ["a full disk while extracting", "garbage after the gzip stream",
+                                  "a second gzip member with a bad CRC"])
+def test_data_fetch_of_an_odd_archive_or_a_full_disk_is_one_line(tmp_path, case):  # held
+    import errno
+    import gzip
+    import tarfile
+    from unittest import mock
+    folder = tmp_path / "d"
+    folder.mkdir()
+    extra = {"garbage after the gzip stream": b"garbage!!",
+             "a second gzip member with a bad CRC": gzip.compress(b"x" * 10)[:-8] + b"\0" * 8}.get(case, b"")
+    _cifar_archive(folder / "cifar-10-python.tar.gz", extra)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with mock.patch.object(tarfile.TarFile, "extractall", full if case.startswith("a full") else tarfile.TarFile.extractall):
+        rc, out, err = cli(["--root", root_copy(tmp_path), "data", "fetch", "cifar10", "--dir", folder])
+    assert rc not in (0, None) and "raised" not in str(rc) and "Traceback" not in err, (rc, err)
+    assert len(err.strip().splitlines()) == 1 and "cifar" in err, err
