@@ -397,3 +397,34 @@ def test_data_fetch_of_an_odd_archive_or_a_full_disk_is_one_line(tmp_path, case)
         rc, out, err = cli(["--root", root_copy(tmp_path), "data", "fetch", "cifar10", "--dir", folder])
     assert rc not in (0, None) and "raised" not in str(rc) and "Traceback" not in err, (rc, err)
     assert len(err.strip().splitlines()) == 1 and "cifar" in err, err
+
+
+# ================================================================================ (4) requires, never imported
+@pytest.mark.parametrize("name", ["evilmod", "evilmod.sub", "evilpkg.inner"])
+def test_requires_entries_are_never_imported_by_any_command(tmp_path, monkeypatch, name):  # held
+    (tmp_path / "evilmod.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').write('x')\n")
+    (tmp_path / "evilpkg").mkdir()
+    (tmp_path / "evilpkg" / "__init__.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').write('x')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = root_copy(tmp_path, lambda t: t.replace("notebook: notebooks/tiny.ipynb",
+                                                   f"notebook: notebooks/tiny.ipynb\nrequires: [{name}]"))
+    for cmd in (["list"], ["list", "--claims"], ["params", "tiny"], ["report"]):
+        rc, out, err = cli(["--root", root, *cmd])
+        no_traceback(rc, err)
+    assert not (tmp_path / "imported").exists()
+
+
+# ================================================================================ (7) one run of a paper at a time
+def test_a_second_run_while_the_lock_is_held_is_one_line_and_non_zero(tmp_path):  # held
+    from unittest import mock
+
+    from fedlab_nb.repro import runner
+    from fedlab_nb.repro.files import run_lock
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    with run_lock(root / "results", "tiny", "paper"), \
+            mock.patch.object(runner, "_execute", side_effect=AssertionError("a kernel was started")):
+        for cmd in (["reproduce", "tiny", "-j", "1"], ["run", "tiny"]):
+            rc, out, err = cli(["--root", root, *cmd])
+            assert rc not in (0, None) and "kernel was started" not in str(rc) + err, (cmd, rc, err)
+            assert "another run of tiny" in err and "Traceback" not in err, err
