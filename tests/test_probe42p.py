@@ -428,3 +428,15 @@ def test_a_second_run_while_the_lock_is_held_is_one_line_and_non_zero(tmp_path):
             rc, out, err = cli(["--root", root, *cmd])
             assert rc not in (0, None) and "kernel was started" not in str(rc) + err, (cmd, rc, err)
             assert "another run of tiny" in err and "Traceback" not in err, err
+
+
+# ================================================================================ (out of class) the board's counts
+@F_(4, "one paper with results at two scales is counted as '2 papers' (and its headline claim twice) in the "
+       "summary of report, REPORT.md and index.html")
+def test_the_board_counts_a_paper_with_two_scales_once(tmp_path):
+    root = root_copy(tmp_path)
+    _result(root)
+    _result(root, "tiny-paper.json", scale="paper")
+    rc, out, err = cli(["--root", root, "report"])
+    assert rc == 0, err
+    assert "2 papers" not in out and "1 paper" in out, out
