@@ -440,3 +440,29 @@ def test_the_board_counts_a_paper_with_two_scales_once(tmp_path):
     rc, out, err = cli(["--root", root, "report"])
     assert rc == 0, err
     assert "2 papers" not in out and "1 paper" in out, out
+
+
+# ================================================================================ (1) DP variants end to end
+def test_adaptive_clip_with_mostly_empty_rounds_releases_noise_every_round(fed10):  # held
+    from probes import trace
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.05,
+                                             adaptive=True, clip_count_stddev=1.0)
+    h, seen = trace(method, fed10, sampler, 6)
+    assert all(not torch.equal(a, b) for a, b in zip(seen, seen[1:])), "a round released θ unchanged"
+    assert np.isfinite(h["epsilon"]).all() and (np.diff(h["epsilon"]) > 0).all()
+
+
+def test_adaptive_dp_resumed_mid_run_equals_the_uninterrupted_run(fed10, tmp_path):  # held
+    import fedlab_nb as fl
+    from probes import KW, interrupted_dp_run
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    privacy = dict(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.3, adaptive=True, clip_count_stddev=1.0)
+    method, sampler = dp_fedavg_with_sampler(fed10, **privacy)
+    full = fl.simulate(method, fed10, rounds=4, clients_per_round=sampler, seed=0, **KW)
+    ck = tmp_path / "ck.pt"
+    interrupted_dp_run(fed10, ck, **privacy)
+    method, sampler = dp_fedavg_with_sampler(fed10, **privacy)
+    resumed = fl.simulate(method, fed10, rounds=4, clients_per_round=sampler, seed=0, checkpoint=ck, resume=True, **KW)
+    assert list(resumed["epsilon"]) == list(full["epsilon"])
+    assert np.allclose(resumed["clip_norm"], full["clip_norm"])
