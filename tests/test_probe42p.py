@@ -466,3 +466,40 @@ def test_adaptive_dp_resumed_mid_run_equals_the_uninterrupted_run(fed10, tmp_pat
     resumed = fl.simulate(method, fed10, rounds=4, clients_per_round=sampler, seed=0, checkpoint=ck, resume=True, **KW)
     assert list(resumed["epsilon"]) == list(full["epsilon"])
     assert np.allclose(resumed["clip_norm"], full["clip_norm"])
+
+
+# ================================================================================ (5, 8) the figures' stored data
+@pytest.mark.parametrize("content", [
+    "{corrupt", "[" * 100000 + "]" * 100000, '{"figures": {"../../x": [1, 2]}}',
+    '{"figures": {"a\\u001b[2J\\u202eb": {"series": [{"name": "s\\u001b]0;x\\u0007", "x": [1], "y": [1e999]}]}}}'],
+    ids=["corrupt", "deep", "a path as a name", "escapes and inf"])
+def test_figures_check_with_hostile_stored_data_is_one_clean_line(tmp_path, content):  # held
+    root = root_copy(tmp_path)
+    (root / "papers" / "figures").mkdir()
+    (root / "papers" / "figures" / "tiny.json").write_text(content)
+    (root / "results" / "tiny-smoke").mkdir(parents=True)
+    rc, out, err = cli(["--root", root, "figures", "check", "tiny", "--from", root / "results" / "tiny-smoke"])
+    assert rc not in (0, None) and "raised" not in str(rc) and "Traceback" not in err, (rc, err)
+    assert len(err.strip().splitlines()) == 1 and clean(out + err), err
+    assert not (tmp_path / "x").exists()
+
+
+# ================================================================================ (new code) printable_name, read_result
+def test_printable_name_is_one_to_one_over_tricky_names():  # held
+    import itertools
+    from fedlab_nb.repro.results import printable_name
+    parts = ["a", "\\", "\t", "\\u0009", "\udcff", "\\xff", "\u200b", "\\u200b", "x", "\U000e0041", "\\U000e0041", "\n"]
+    names = {"".join(p) for n in (1, 2, 3) for p in itertools.product(parts, repeat=n)}
+    shown = {}
+    for name in names:
+        assert shown.setdefault(printable_name(name), name) == name, (name, shown[printable_name(name)])
+        assert clean(printable_name(name)) and "\t" not in printable_name(name)
+
+
+@pytest.mark.parametrize("paper", ["Tiny", "tiny ", "other"])
+def test_a_result_whose_paper_field_disagrees_with_its_name_is_not_listed_as_tiny(tmp_path, paper):  # held
+    root = root_copy(tmp_path)
+    _result(root, paper=paper)
+    rc, out, err = cli(["--root", root, "list"])
+    no_traceback(rc, err)
+    assert "smoke: reproduced" not in out, out
