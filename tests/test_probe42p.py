@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from probes import CONTROL, RESULT, cli, fed10, root_copy  # noqa: F401 (fed10: a fixture)
+from probes import RESULT, cli, fed10, root_copy  # noqa: F401 (fed10: a fixture)
 from probes import numbered_finding as F_
 from probes import clean, no_traceback
 
@@ -101,7 +101,8 @@ def test_history_saved_at_another_runs_metadata_file_is_refused(tmp_path):  # he
 
 
 @pytest.mark.parametrize("column, values", [("epsilon", [True, True]), ("dp_delta", ["1e-5", "x"]),
-                                            ("round", [0.0, float("nan")])], ids=["bool eps", "text delta", "nan round"])
+                                            ("round", [0.0, float("nan")])],
+                         ids=["bool eps", "text delta", "nan round"])
 def test_history_privacy_refuses_columns_that_state_no_guarantee(column, values):
     from fedlab_nb.core.history import History
     rows = {"round": [0, 1], "epsilon": [0.5, 1.0], "dp_delta": [1e-5, 1e-5]}
@@ -111,6 +112,10 @@ def test_history_privacy_refuses_columns_that_state_no_guarantee(column, values)
 
 
 # ================================================================================ (8) a result's verdict vocabulary
+def _board(root):
+    return "".join((root / "results" / f).read_text() for f in ("REPORT.md", "index.html"))
+
+
 def _result(root, name="tiny-smoke.json", **fields):
     (root / "results").mkdir(exist_ok=True)
     (root / "results" / name).write_text(json.dumps({**RESULT, **fields}))
@@ -135,7 +140,7 @@ def test_escapes_and_lone_surrogates_in_a_results_claim_never_print_raw(tmp_path
     for cmd in (["list"], ["list", "--claims"], ["report"]):
         rc, out, err = cli(["--root", root, *cmd])
         no_traceback(rc, err)
-        board = "".join((root / "results" / f).read_text() for f in ("REPORT.md", "index.html")) if cmd == ["report"] else ""
+        board = _board(root) if cmd == ["report"] else ""
         assert clean(out + err + board) and "\ud800" not in out + err + board, cmd
 
 
@@ -353,7 +358,7 @@ def test_a_corrupt_result_with_control_characters_in_its_name_prints_clean(tmp_p
     for cmd in (["list"], ["report"]):
         rc, out, err = cli(["--root", root, *cmd])
         no_traceback(rc, err)
-        board = "".join((root / "results" / f).read_text() for f in ("REPORT.md", "index.html")) if cmd == ["report"] else ""
+        board = _board(root) if cmd == ["report"] else ""
         assert clean(out + err + board), (cmd, out + err)
 
 
@@ -393,7 +398,8 @@ def test_data_fetch_of_an_odd_archive_or_a_full_disk_is_one_line(tmp_path, case)
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
-    with mock.patch.object(tarfile.TarFile, "extractall", full if case.startswith("a full") else tarfile.TarFile.extractall):
+    extract = full if case.startswith("a full") else tarfile.TarFile.extractall
+    with mock.patch.object(tarfile.TarFile, "extractall", extract):
         rc, out, err = cli(["--root", root_copy(tmp_path), "data", "fetch", "cifar10", "--dir", folder])
     assert rc not in (0, None) and "raised" not in str(rc) and "Traceback" not in err, (rc, err)
     assert len(err.strip().splitlines()) == 1 and "cifar" in err, err
@@ -484,7 +490,7 @@ def test_figures_check_with_hostile_stored_data_is_one_clean_line(tmp_path, cont
     assert not (tmp_path / "x").exists()
 
 
-# ================================================================================ (new code) printable_name, read_result
+# ============================================================================ (new code) printable_name, read_result
 def test_printable_name_is_one_to_one_over_tricky_names():  # held
     import itertools
     from fedlab_nb.repro.results import printable_name
