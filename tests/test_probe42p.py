@@ -509,3 +509,20 @@ def test_a_result_whose_paper_field_disagrees_with_its_name_is_not_listed_as_tin
     rc, out, err = cli(["--root", root, "list"])
     no_traceback(rc, err)
     assert "smoke: reproduced" not in out, out
+
+
+# ================================================================================ (1, 8) a custom sampler's id dtype
+@F_(5, "a custom sampler returning client ids of a small integer dtype (np.int8, np.uint16, np.uint8) passes the "
+       "engine's 'ints' check, then torch indexing fails with a bare IndexError (uint8 is even read as a mask)")
+@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.uint8], ids=["int8", "uint16", "uint8"])
+def test_a_sampler_returning_small_integer_ids_runs_or_is_named(fed10, dtype):
+    import fedlab_nb as fl
+    from probes import KW
+    try:
+        h = fl.simulate("fedavg", fed10, rounds=1, clients_per_round=lambda r, K, g: np.array([2, 3], dtype=dtype),
+                        seed=0, **KW)
+    except ValueError as e:
+        assert "sampler" in str(e)
+        return
+    ref = fl.simulate("fedavg", fed10, rounds=1, clients_per_round=lambda r, K, g: np.array([2, 3]), seed=0, **KW)
+    assert h["test_acc"].iloc[-1] == ref["test_acc"].iloc[-1]
