@@ -135,7 +135,8 @@ def _privacy_line(epsilon: float, delta: float, rounds: int) -> str:
 
 
 def _numeric(column: pd.Series) -> bool:
-    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column) \
+        and not pd.api.types.is_complex_dtype(column)
 
 
 def meta_path(path: Path) -> Path:

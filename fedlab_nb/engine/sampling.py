@@ -47,8 +47,9 @@ def make_sampler(clients_per_round, num_clients: int):
 
 
 def check_sampled(ids, num_clients: int, round: int) -> np.ndarray:
-    """A sampler's answer, unchanged, once checked: a 1-D array of distinct client ids in 0 … K-1 (empty is fine).
-    A custom sampler that repeats a client (it would count twice) or names one that does not exist is refused."""
+    """A sampler's answer once checked: a 1-D array of distinct client ids in 0 … K-1 (empty is fine), as int64
+    (torch reads a uint8 index as a mask, an int8 one not at all). A custom sampler that repeats a client (it would
+    count twice) or names one that does not exist is refused."""
     arr = np.asarray(ids)
     if arr.size == 0:
         return ids
@@ -63,4 +64,4 @@ def check_sampled(ids, num_clients: int, round: int) -> np.ndarray:
     if (counts > 1).any():
         raise ValueError(f"round {round + 1}: the sampler returned client id(s) {uniq[counts > 1][:5].tolist()} more "
                          "than once; sample without replacement (g.choice(K, m, replace=False))")
-    return ids
+    return arr.astype(np.int64, copy=False)

@@ -203,7 +203,23 @@ def summary_counts(results: list[dict]) -> dict:
 
 def summary_lines(results: list[dict]) -> list[str]:
     """A few lines for the terminal and the top of the board: papers by headline verdict, constructs apart,
-    then claims by role (checks as 'hold'), then how many numbers are only reported."""
+    then claims by role (checks as 'hold'), then how many numbers are only reported. A paper counts once: its
+    smoke result (else its first scale's); results at its other scales get a line of their own."""
+    first = {}
+    for r in sorted(results, key=lambda r: (r["scale"] != "smoke", r["scale"])):
+        first.setdefault(r["paper"], r)
+    others = [r for r in results if first[r["paper"]] is not r]
+    lines = _summary(list(first.values()))
+    if others:
+        by = {}
+        for r in others:
+            by[r["verdict"]] = by.get(r["verdict"], 0) + 1
+        lines.append(f"{len(others)} more results of the same papers at other scales (not counted above), by headline "
+                     "verdict: " + ", ".join(f"{n} {v}" for v, n in sorted(by.items(), key=lambda kv: -kv[1])))
+    return lines
+
+
+def _summary(results: list[dict]) -> list[str]:
     counts = summary_counts(results)
     line = lambda d: ", ".join(f"{n} {v}" for v, n in sorted(d.items(), key=lambda kv: -kv[1])) or "none"
     n_papers, n_constructs = sum(counts["papers"].values()), sum(counts["constructs"].values())

@@ -20,6 +20,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _NAME = re.compile(r"^(?P<paper>[A-Za-z_][A-Za-z0-9_]*)-(?P<scale>.+)\.json$")
 _FIELDS = {"paper": str, "scale": str, "verdict": str, "claims": list}
 _ROLES = ("headline", "supporting", "check")  # claims.ROLES (results.py imports nothing from claims.py)
+_VERDICTS = ("reproduced", "partially reproduced", "not reproduced at this scale", "inconclusive at this scale",
+             "error")  # verdicts.py's: what a run writes for the paper and each claim
 MAX_BYTES = 64 << 20   # a result file is a few kB; anything this large is not one
 MAX_DEPTH = 32         # results nest 4 deep; a 100,000-deep array is an attack, not a result
 # C0/C1 controls (tab and newline are replaced below), the line/paragraph separators U+2028/U+2029, and every
@@ -112,6 +114,8 @@ def read_result(path) -> tuple[dict | None, str | None]:
     if not all(isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("id", "verdict", "expect"))
                for c in data["claims"]):
         return None, "is not a result file (a claim without id / expect / verdict)"
+    if any(v not in _VERDICTS for v in [data["verdict"], *(c["verdict"] for c in data["claims"])]):
+        return None, f"is not a result file (a verdict that is not one of {', '.join(_VERDICTS)})"
     if not (data.get("metrics") is None or isinstance(data["metrics"], dict)):
         return None, f"is not a result file (field metrics is a {type(data['metrics']).__name__}, not a mapping)"
     if not (data.get("stale") is None or isinstance(data["stale"], str)):

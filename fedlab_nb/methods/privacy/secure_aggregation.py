@@ -106,7 +106,8 @@ class FixedPoint:
             raise ValueError(f"bits (k, sums are mod 2^k) must be an int in [2, 64], got {self.bits!r}")
         for name, value in (("clip", self.clip), ("scale", self.scale)):
             check_number(f"FixedPoint {name}", value, 0, fix="clip bounds |x|, scale is the quantisation's 1/step")
-        if not float(self.clip) * float(self.scale) < 2.0 ** (self.bits - 1):  # one value's q must fit in k bits
+        if not float(self.clip) * float(self.scale) < 2.0 ** (self.bits - 1) or self.max_q >= 2 ** (self.bits - 1):
+            # one value's q = round(clip·scale) must fit in k bits (a product just under 2^(k-1) rounds up to it)
             raise ValueError(f"bits={self.bits} is too small: one value's q = clip·scale = {self.clip:g}·{self.scale:g} "
                              f"reaches 2^{self.bits - 1}; lower clip or scale, or raise bits")
         if self.max_q < 1:  # every clipped value rounds to 0: the sum decodes to 0 and the model never moves
