@@ -143,3 +143,114 @@ def test_history_summary_of_an_infinite_epsilon_says_no_guarantee():  # held
     from fedlab_nb.core.history import History
     h = History(pd.DataFrame({"round": [0, 1], "epsilon": [1.0, float("inf")], "dp_delta": [1e-5, 1e-5]}))
     assert "no finite guarantee" in h.summary()
+
+
+# ================================================================================ (new code, 5, 8) the board and list
+def _result(root, name="tiny-smoke.json", raw=None, **fields):
+    (root / "results").mkdir(exist_ok=True)
+    data = raw if raw is not None else json.dumps({**RESULT, **fields}).encode()
+    (root / "results" / name).write_bytes(data)
+
+
+def _board(root):
+    return "".join((root / "results" / f).read_text() for f in ("REPORT.md", "index.html"))
+
+
+def test_a_paper_with_results_only_at_its_paper_scale_counts_once(tmp_path):  # held
+    root = root_copy(tmp_path)
+    _result(root, "tiny-paper.json", scale="paper")
+    rc, out, err = cli(["--root", root, "report"])
+    no_traceback(rc, err)
+    assert "more results" not in out and "1 " in out
+
+
+def test_results_at_two_scales_count_the_paper_once_and_name_the_other(tmp_path):  # held
+    root = root_copy(tmp_path)
+    _result(root)
+    _result(root, "tiny-paper.json", scale="paper", verdict="not reproduced at this scale")
+    rc, out, err = cli(["--root", root, "report"])
+    no_traceback(rc, err)
+    assert "1 more results" in out and "1 more results" in _board(root)
+
+
+@pytest.mark.parametrize("verdict", [" reproduced", "Reproduced", "reproduced\u200b", "error\n"],
+                         ids=["leading space", "capital", "zero width", "newline"])
+def test_a_verdict_near_a_real_one_is_not_counted_as_it(tmp_path, verdict):  # held
+    root = root_copy(tmp_path)
+    _result(root, verdict=verdict)
+    rc, out, err = cli(["--root", root, "list"])
+    no_traceback(rc, err)
+    assert "not a result file" in out + err or "stale" in out + err
+
+
+@pytest.mark.parametrize("paper", ["Tiny", "tiny ", "tin\u0443"], ids=["case", "space", "cyrillic u"])
+def test_a_result_whose_paper_field_differs_from_its_name_is_refused(tmp_path, paper):  # held
+    root = root_copy(tmp_path)
+    _result(root, paper=paper)
+    rc, out, err = cli(["--root", root, "list"])
+    no_traceback(rc, err)
+    assert "reproduced" not in out.replace("not reproduced", "").split("tiny", 1)[-1].splitlines()[0:1] or rc in (0, 1)
+    rc, out, err = cli(["--root", root, "report"])
+    no_traceback(rc, err)
+    assert clean(out + err) and clean(_board(root))
+
+
+@pytest.mark.parametrize("scale", ["sm\u202eoke", "smoke\x1b[2J", "smoke\u2028x", "\ufeffsmoke"],
+                         ids=["bidi", "escape", "line sep", "bom"])
+def test_a_scale_name_with_controls_is_never_printed_raw(tmp_path, scale):  # held
+    root = root_copy(tmp_path)
+    _result(root, f"tiny-{scale}.json", scale=scale)
+    for cmd in (["list"], ["report"]):
+        rc, out, err = cli(["--root", root, *cmd])
+        no_traceback(rc, err)
+        assert clean(out + err)
+    assert clean(_board(root))
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xfe{}", b"[" * 5000 + b"]" * 5000, b'{"paper": "tiny", "scale": "smoke", '
+                                 b'"verdict": "reproduced", "claims": [], "metrics": {"v": 1e999}}', b"{" * 3],
+                         ids=["not utf-8", "5000 deep", "1e999", "truncated"])
+def test_a_corrupt_result_never_breaks_the_listing(tmp_path, raw):  # held
+    root = root_copy(tmp_path)
+    _result(root, "tiny-paper.json", scale="paper")
+    _result(root, "tiny-smoke.json", raw=raw)
+    for cmd in (["list"], ["report"]):
+        rc, out, err = cli(["--root", root, *cmd])
+        no_traceback(rc, err)
+        assert "tiny" in out or cmd == ["report"]
+
+
+# ================================================================================ (2, 4, new code) paths
+def test_a_tilde_user_that_names_no_home_is_a_one_line_error(tmp_path):  # held
+    root = root_copy(tmp_path)
+    rc, out, err = cli(["--root", root, "--results", "~no_such_user_42q/results", "list"])
+    assert rc in (1, 2) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+
+
+def test_a_relative_results_path_from_a_sub_folder_writes_under_it(tmp_path, monkeypatch):  # held
+    root = root_copy(tmp_path)
+    (root / "sub").mkdir()
+    monkeypatch.chdir(root / "sub")
+    rc, out, err = cli(["--root", "..", "--results", "res", "report"])
+    no_traceback(rc, err)
+    assert (root / "sub" / "res" / "REPORT.md").is_file() and not (root / "res").exists()
+
+
+@pytest.mark.parametrize("name, value", [("n_po\x1bints", "4"), ("n_points", "\u202e4"), ("n_points", "&a [*a, *a]"),
+                                         ("n_points", '!!python/object/apply:os.system ["echo x"]'),
+                                         ("n_points", "1e999")],
+                         ids=["escape name", "bidi value", "recursive alias", "python tag", "1e999"])
+def test_a_hostile_p_value_is_refused_cleanly_before_a_kernel(tmp_path, name, value):  # held
+    root = root_copy(tmp_path)
+    rc, out, err = cli(["--root", root, "run", "tiny", "-p", name, value])
+    assert rc == 2 and "Traceback" not in err and clean(out + err), (rc, err)
+    assert not (root / "results").exists()
+
+
+def test_a_yaml_alias_bomb_in_a_scale_is_a_one_line_error(tmp_path):  # held
+    bomb = 'x: &a ["b","b","b","b","b","b","b","b","b"]\n' + "".join(
+        f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    root = root_copy(tmp_path, lambda t: bomb + t)
+    rc, out, err = cli(["--root", root, "list"])
+    assert rc in (0, 1, 2) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+    assert len(err.strip().splitlines()) <= 2
