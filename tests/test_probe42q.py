@@ -254,3 +254,57 @@ def test_a_yaml_alias_bomb_in_a_scale_is_a_one_line_error(tmp_path):  # held
     rc, out, err = cli(["--root", root, "list"])
     assert rc in (0, 1, 2) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
     assert len(err.strip().splitlines()) <= 2
+
+
+# ================================================================================ (new code) numbers as floats
+@F_(5, "dp_robust.classic_sigma(1.0, 10**400, 0.5, 1e-5) ends in a bare OverflowError ('int too large to convert to "
+       "float'): m passes check_positive_int as a Python int, then 2·B/m overflows; other numbers there are checked "
+       "as the floats they become and give a ValueError naming the input")
+def test_classic_sigma_with_an_m_past_float64_is_a_value_error():
+    from fedlab_nb.methods.more.dp_robust import classic_sigma
+    with pytest.raises(ValueError, match="m"):
+        classic_sigma(1.0, 10 ** 400, 0.5, 1e-5)
+
+
+@pytest.mark.parametrize("call", [
+    lambda A, S: A.epsilon(0.1, 1.0, 10 ** 20, 1e-5), lambda A, S: A.epsilon(0.1, 1.0, np.uint64(10), 1e-5),
+    lambda A, S: A.epsilon(5e-324, 1.0, 10, 1e-5), lambda A, S: A.noise_for_epsilon(1e-300, 0.1, 10, 1e-5),
+    lambda A, S: S.noise_multiplier_for(1e-300, 1e-5, 0.1, 10, 1), lambda A, S: S.spent_epsilon(1.0, 1e-5, 0.1, 10, 10)],
+    ids=["10^20 steps", "uint64 steps", "subnormal q", "tiny target", "fedsvd tiny target", "fedsvd spent"])
+def test_accounting_at_extreme_inputs_gives_a_valid_number_or_a_value_error(call):  # held
+    from fedlab_nb.methods.privacy import accounting as A
+    from fedlab_nb.methods.privacy import fedsvd as S
+    try:
+        value = call(A, S)
+    except ValueError:
+        return
+    assert isinstance(value, float) and value >= 0 and not np.isnan(value)
+
+
+def test_noise_for_a_huge_target_epsilon_is_refused_as_no_privacy():  # held
+    from fedlab_nb.methods.privacy.accounting import noise_for_epsilon
+    with pytest.raises(ValueError, match="no privacy"):
+        noise_for_epsilon(1e300, 0.1, 10, 1e-5)
+
+
+# ================================================================================ (6) Flower replies, variants
+def _flower(fed, k0, **over):
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed)
+    s.aggregate_train(1, [flower_reply(s, k, **(over if k == k0 else {})) for k in range(3)])
+    return s
+
+
+@pytest.mark.parametrize("k0, over", [(0, {"num-examples": "rows+1"}), (1, {"train-loss": float("inf")}),
+                                      (2, {"client-id": 2.0}), (1, {"client-id": True}),
+                                      (0, {"num-examples": 0.5})],
+                         ids=["one row too many", "inf loss", "float id", "bool id", "half an example"])
+def test_a_flower_reply_just_past_the_rules_is_refused_naming_its_client(fed10, k0, over):  # held
+    over = {n: int(fed10.sizes[k0]) + 1 if v == "rows+1" else v for n, v in over.items()}
+    with pytest.raises(ValueError, match=f"client {k0}"):
+        _flower(fed10, k0, **over)
+
+
+def test_a_flower_reply_of_exactly_its_rows_as_a_float_is_taken(fed10):  # held
+    s = _flower(fed10, 0, **{"num-examples": float(fed10.sizes[0])})
+    assert torch.isfinite(torch.as_tensor(np.asarray(s.theta))).all()
