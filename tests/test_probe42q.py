@@ -7,6 +7,7 @@ pairs under Poisson accounting, a fair Poisson sampler over 5,000 clients, Histo
 of one paper, scale names with controls in the board. Each test asserts the correct behaviour; a test marked
 xfail(strict=True) is an open finding (its reason says what is wrong), so the suite stays green until it is fixed."""
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -308,3 +309,44 @@ def test_a_flower_reply_just_past_the_rules_is_refused_naming_its_client(fed10, 
 def test_a_flower_reply_of_exactly_its_rows_as_a_float_is_taken(fed10):  # held
     s = _flower(fed10, 0, **{"num-examples": float(fed10.sizes[0])})
     assert torch.isfinite(torch.as_tensor(np.asarray(s.theta))).all()
+
+
+# ================================================================================ (3, 7, 8) links, FIFOs, devices
+@pytest.mark.parametrize("name", ["REPORT.md", "index.html"])
+def test_a_hard_link_at_the_board_never_writes_the_other_file(tmp_path, name):  # held
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("KEEP")
+    os.link(victim, root / "results" / name)
+    rc, out, err = cli(["--root", root, "report"])
+    no_traceback(rc, err)
+    assert victim.read_text() == "KEEP"
+
+
+@pytest.mark.parametrize("how", ["fifo", "/dev/zero"])
+def test_a_result_that_is_a_fifo_or_a_device_is_stale_not_a_hang(tmp_path, how):  # held
+    root = root_copy(tmp_path)
+    (root / "results").mkdir()
+    target = root / "results" / "tiny-smoke.json"
+    os.mkfifo(target) if how == "fifo" else os.symlink(how, target)
+    rc, out, err = cli(["--root", root, "list"])
+    no_traceback(rc, err)
+    assert "tiny-smoke.json" in err and "stale" in err
+
+
+@pytest.mark.parametrize("how", ["fifo", "/dev/zero"])
+def test_a_claims_file_that_is_a_fifo_or_a_device_is_invalid_not_a_hang(tmp_path, how):  # held
+    root = root_copy(tmp_path)
+    claims = root / "papers" / "tiny.yaml"
+    claims.unlink()
+    os.mkfifo(claims) if how == "fifo" else os.symlink(how, claims)
+    rc, out, err = cli(["--root", root, "list"])
+    assert rc == 1 and "Traceback" not in err and "INVALID" in out + err
+
+
+def test_a_history_that_is_a_fifo_is_a_one_line_error(tmp_path):  # held
+    root = root_copy(tmp_path)
+    os.mkfifo(tmp_path / "h.csv")
+    rc, out, err = cli(["--root", root, "history", tmp_path / "h.csv"])
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
