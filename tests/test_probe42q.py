@@ -350,3 +350,29 @@ def test_a_history_that_is_a_fifo_is_a_one_line_error(tmp_path):  # held
     os.mkfifo(tmp_path / "h.csv")
     rc, out, err = cli(["--root", root, "history", tmp_path / "h.csv"])
     assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# ================================================================================ (4, 8) a result at a scale the paper lacks
+@F_(6, "a well-formed result at a scale the claims file does not have (results/tiny-huge.json, scale 'huge') is shown "
+       "as a verdict without a warning: list says 'last: huge: reproduced', the board has a '## tiny (huge): "
+       "reproduced' section and counts it under 'more results'; reproduce refuses that scale, so no run wrote it")
+def test_a_result_at_a_scale_the_paper_lacks_is_not_shown_as_a_verdict(tmp_path):
+    root = root_copy(tmp_path)
+    _result(root, verdict="not reproduced at this scale")
+    _result(root, "tiny-huge.json", scale="huge")
+    rc, out, err = cli(["--root", root, "list"])
+    no_traceback(rc, err)
+    assert "huge: reproduced" not in out and "tiny-huge.json" in err
+    cli(["--root", root, "report"])
+    assert "(huge): reproduced" not in _board(root)
+
+
+@pytest.mark.parametrize("make", [lambda: [], lambda: np.array([]), lambda: np.empty((0, 3)), lambda: ()],
+                         ids=["list", "float array", "2-D", "tuple"])
+def test_an_empty_sample_of_any_shape_still_releases_noise_and_accounts(fed10, make):  # held
+    from probes import declared, trace
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg
+    h, seen = trace(dp_fedavg(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.1), fed10,
+                    declared(lambda r, K, g: make(), 0.1), 3)
+    assert all(not torch.equal(a, b) for a, b in zip(seen, seen[1:]))
+    assert h["epsilon"].notna().all() and h["epsilon"].is_monotonic_increasing
