@@ -376,3 +376,19 @@ def test_an_empty_sample_of_any_shape_still_releases_noise_and_accounts(fed10, m
                     declared(lambda r, K, g: make(), 0.1), 3)
     assert all(not torch.equal(a, b) for a, b in zip(seen, seen[1:]))
     assert h["epsilon"].notna().all() and h["epsilon"].is_monotonic_increasing
+
+
+# ================================================================================ (4, 5) a result's figures field
+@pytest.mark.parametrize("figures", [{"a": "sub/../../../victim.png", "b": "/dev/zero"}, {"a\x1b[2J": "f.png"}],
+                         ids=["dot-dot under a folder, a device", "escape name"])
+def test_a_hostile_figures_field_is_never_followed_nor_printed_raw(tmp_path, figures):  # held
+    from probes import PNG
+    root = root_copy(tmp_path)
+    (tmp_path / "victim.png").write_bytes(PNG)
+    _result(root, figures=figures)
+    (root / "results" / "f.png").write_bytes(PNG)
+    for cmd in (["figures", "update", "tiny"], ["report"]):  # (about 5 s each: figures loads the plotting stack)
+        rc, out, err = cli(["--root", root, *cmd])
+        no_traceback(rc, err)
+        assert clean(out + err)
+    assert (tmp_path / "victim.png").read_bytes() == PNG and clean(_board(root))
