@@ -270,7 +270,8 @@ def test_classic_sigma_with_an_m_past_float64_is_a_value_error():
 @pytest.mark.parametrize("call", [
     lambda A, S: A.epsilon(0.1, 1.0, 10 ** 20, 1e-5), lambda A, S: A.epsilon(0.1, 1.0, np.uint64(10), 1e-5),
     lambda A, S: A.epsilon(5e-324, 1.0, 10, 1e-5), lambda A, S: A.noise_for_epsilon(1e-300, 0.1, 10, 1e-5),
-    lambda A, S: S.noise_multiplier_for(1e-300, 1e-5, 0.1, 10, 1), lambda A, S: S.spent_epsilon(1.0, 1e-5, 0.1, 10, 10)],
+    lambda A, S: S.noise_multiplier_for(1e-300, 1e-5, 0.1, 10, 1),
+    lambda A, S: S.spent_epsilon(1.0, 1e-5, 0.1, 10, 10)],
     ids=["10^20 steps", "uint64 steps", "subnormal q", "tiny target", "fedsvd tiny target", "fedsvd spent"])
 def test_accounting_at_extreme_inputs_gives_a_valid_number_or_a_value_error(call):  # held
     from fedlab_nb.methods.privacy import accounting as A
@@ -352,7 +353,7 @@ def test_a_history_that_is_a_fifo_is_a_one_line_error(tmp_path):  # held
     assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-# ================================================================================ (4, 8) a result at a scale the paper lacks
+# =========================================================================== (4, 8) a result at a scale the paper lacks
 @F_(6, "a well-formed result at a scale the claims file does not have (results/tiny-huge.json, scale 'huge') is shown "
        "as a verdict without a warning: list says 'last: huge: reproduced', the board has a '## tiny (huge): "
        "reproduced' section and counts it under 'more results'; reproduce refuses that scale, so no run wrote it")
