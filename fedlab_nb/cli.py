@@ -187,6 +187,8 @@ def _last_results(results: Path, pid: str, scales=()) -> dict:
     last = {}
     for path, _, scale in result_files(results, pid):
         data, problem = read_result(path)
+        if problem is None and scales and scale not in scales:  # no run of this paper could have written it
+            problem = "is at a scale the paper's claims file does not have"
         if problem:  # a corrupt result is stale, not fatal
             fix = ("move it away: reproduce writes the result file there and replaces neither a folder nor a link"
                    if path.is_symlink() or path.is_dir() else

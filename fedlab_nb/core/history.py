@@ -67,6 +67,9 @@ class History(pd.DataFrame):
             raise ValueError(f"the last round's epsilon is missing (round {len(self)}): an earlier round's epsilon does "
                              "not bound the rounds after it, so this History states no guarantee")
         delta = self.final("dp_delta") if "dp_delta" in self.columns and not self["dp_delta"].dropna().empty else float("nan")
+        if epsilon < 0 or not (math.isnan(delta) or 0 <= delta < 1):  # no privacy level: not an accountant's output
+            raise ValueError(f"(epsilon, delta) = ({epsilon:g}, {delta:g}) is no privacy level (epsilon >= 0, "
+                             "0 <= delta < 1): these rows state no guarantee")
         return epsilon, delta
 
     def summary(self) -> str:

@@ -25,8 +25,11 @@ def load_results(results_dir="results", root=None) -> list[dict]:
     results = []
     for path, paper_id, scale in result_files(results_dir):
         data, problem = read_result(path)  # strings as written to REPORT.md / index.html: no terminal escapes
+        scales = _scales(paper_id, root)
+        if problem is None and scales and scale not in scales:  # no run of this paper could have written it
+            problem = "is at a scale the paper's claims file does not have"
         if problem is not None:
-            data = stale_result(paper_id, scale, path, problem, _scales(paper_id, root))
+            data = stale_result(paper_id, scale, path, problem, scales)
         results.append({**printable_strings(data), "scale": printable_name(scale)})  # two files, two names
     stored = Path(root or default_root()) / "papers" / "paper_scale"
     for r in results:

@@ -98,6 +98,8 @@ def classic_sigma(radius: float, m: int, epsilon: float, delta: float) -> float:
     radius = check_number("radius", radius, 0, fix="the radius B of the ball the points lie in")
     delta = check_number("delta", delta, 0, 1, "e.g. 1e-5")
     m = check_positive_int("m (the number of points averaged)", m)
+    if m >= 2 ** 53:  # past float64's whole numbers: 2B/m would round, or overflow past 10^308
+        raise ValueError(f"m (the number of points averaged) must be below 2^53, got {m}")
     sigma = 2 * radius / m * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
     if not math.isfinite(sigma):  # a subnormal ε: 1/ε overflows
         raise ValueError(f"epsilon = {epsilon!r} is too small to calibrate (the noise std overflows); use a larger one")

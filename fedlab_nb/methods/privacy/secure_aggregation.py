@@ -102,8 +102,9 @@ class FixedPoint:
     bits: int = 32
 
     def __post_init__(self):
-        if not (isinstance(self.bits, int) and 2 <= self.bits <= 64):
+        if isinstance(self.bits, (bool, np.bool_)) or not (isinstance(self.bits, numbers.Integral) and 2 <= self.bits <= 64):
             raise ValueError(f"bits (k, sums are mod 2^k) must be an int in [2, 64], got {self.bits!r}")
+        object.__setattr__(self, "bits", int(self.bits))  # frozen; a numpy integer would wrap in 2 ** (bits - 1)
         for name, value in (("clip", self.clip), ("scale", self.scale)):
             check_number(f"FixedPoint {name}", value, 0, fix="clip bounds |x|, scale is the quantisation's 1/step")
         if not float(self.clip) * float(self.scale) < 2.0 ** (self.bits - 1) or self.max_q >= 2 ** (self.bits - 1):
