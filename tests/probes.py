@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import fedlab_nb as fl
 
@@ -102,6 +103,20 @@ def declared(sampler, q, sampling="poisson"):
     run still checks it against the clients it picks."""
     sampler.sampling, sampler.sampling_rate = sampling, q
     return sampler
+
+
+def sampling_check_run(K, q, sampling, pick, rounds, seed=0):
+    """The round at which DPAggregate's sampling check refuses `pick` (1-based), or None when it never does."""
+    from fedlab_nb.methods.privacy.dp import DPAggregate
+    rule = DPAggregate(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=q, sampling=sampling)
+    state, g = rule.init_state(torch.zeros(3), K), np.random.default_rng(seed)
+    for r in range(rounds):
+        ids = np.sort(pick(r, K, g))
+        try:
+            rule._check_sampling(state, len(ids), ids)
+        except ValueError:
+            return r + 1
+    return None
 
 
 def trace(method, fed, sampler, rounds, **kw):

@@ -18,23 +18,10 @@ import torch
 from probes import RESULT, cli, fed10, root_copy  # noqa: F401 (fed10: a fixture)
 from probes import numbered_finding as F_
 from probes import clean, no_traceback
+from probes import sampling_check_run as _check_run
 
 
 # ================================================================================ (1, new code) the sampling check
-def _check_run(K, q, sampling, pick, rounds, seed=0):
-    """The round at which DPAggregate's sampling check refuses `pick` (1-based), or None when it never does."""
-    from fedlab_nb.methods.privacy.dp import DPAggregate
-    rule = DPAggregate(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=q, sampling=sampling)
-    state, g = rule.init_state(torch.zeros(3), K), np.random.default_rng(seed)
-    for r in range(rounds):
-        ids = np.sort(pick(r, K, g))
-        try:
-            rule._check_sampling(state, len(ids), ids)
-        except ValueError:
-            return r + 1
-    return None
-
-
 def _poisson(q):
     return lambda r, K, g: np.flatnonzero(g.random(K) < q)
 

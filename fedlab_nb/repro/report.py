@@ -22,10 +22,12 @@ REPORT_COLUMNS = ["Paper", "Scale", "Reported", "Metric", "Ours"]
 def load_results(results_dir="results", root=None) -> list[dict]:
     """All results/<id>-<scale>.json, sorted by paper then scale; a corrupt one becomes a stale entry. Each
     result also carries the paper's stored paper-scale result (ROOT/papers/paper_scale/<id>.json), if any."""
-    results = []
+    results, scales_of = [], {}  # each paper's claims file read once
     for path, paper_id, scale in result_files(results_dir):
         data, problem = read_result(path)  # strings as written to REPORT.md / index.html: no terminal escapes
-        scales = _scales(paper_id, root)
+        if paper_id not in scales_of:
+            scales_of[paper_id] = _scales(paper_id, root)
+        scales = scales_of[paper_id]
         if problem is None and scales and scale not in scales:  # no run of this paper could have written it
             problem = "is at a scale the paper's claims file does not have"
         if problem is not None:

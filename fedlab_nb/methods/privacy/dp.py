@@ -327,8 +327,9 @@ class DPAggregate:
             ok = (self.sampling == "fixed" and m == round(q * K)) or (q == 1 and m == K)
             got = f"a fixed {m} of the {K} clients every round"
         else:
-            ok, got = _declared(sampler) == (self.sampling, q), f"a custom sampler declaring {_declared(sampler)}"
-            if not ok and _declared(sampler) == (None, None):
+            said = _declared(sampler)
+            ok, got = said == (self.sampling, q), f"a custom sampler declaring {said}"
+            if not ok and said == (None, None):
                 raise ValueError("clients_per_round: a custom sampler under DP must say how it samples, since the ε "
                                  "the rule reports holds only for its sampling: give it the attributes sampling="
                                  f"{self.sampling!r} and sampling_rate={q} (each client taking part with probability q), "
