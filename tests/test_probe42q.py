@@ -5,7 +5,7 @@ test_probe42*.py do not try: a deterministic round-robin sampler declared as fix
 pairs under Poisson accounting, a fair Poisson sampler over 5,000 clients, History rows whose ε is negative or whose
 δ is not a probability, numpy integer bits, Flower counts just past a partition's rows, results at several scales
 of one paper, scale names with controls in the board. Each test asserts the correct behaviour; a test marked
-xfail(strict=True) is an open finding (its reason says what is wrong), so the suite stays green until it is fixed."""
+xfail(strict=True) was an open finding; every finding of this probe is fixed and its test is a plain one."""
 import json
 import os
 
@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from probes import RESULT, cli, fed10, root_copy  # noqa: F401 (fed10: a fixture)
-from probes import numbered_finding as F_
 from probes import clean, no_traceback
 from probes import sampling_check_run as _check_run
 
@@ -25,9 +24,7 @@ def _round_robin(r, K, g):
     return np.array([r % K])
 
 
-@F_(2, "a deterministic round-robin schedule (client r mod K each round) declared sampling='fixed' is accepted over "
-       "3,000 rounds: every client's count is exactly n/K, which a uniform sample almost never gives, and the "
-       "accountant reports ε amplified by q = 1/K for a schedule that gives no amplification")
+# finding 2 (fixed: sampling_tests, a count that stays within w of q·t and every client's share too even)
 def test_a_round_robin_schedule_declared_fixed_is_refused():
     assert _check_run(10, 0.1, "fixed", _round_robin, 3000) is not None
 
@@ -40,9 +37,7 @@ def _pairs(r, K, g):  # clients 2i and 2i+1 always together, each pair at rate q
     return np.flatnonzero(np.repeat(g.random(K // 2) < 0.1, 2))
 
 
-@F_(3, "clients sampled in fixed pairs (2i, 2i+1 always together, each at rate q) pass the Poisson check over 3,000 "
-       "rounds: the sizes are 2·Binomial(K/2, q), twice the variance of Binomial(K, q), and one client's presence "
-       "reveals its partner's, so the Poisson amplification the accountant assumes does not hold")
+# finding 3 (fixed: sampling_tests, two clients together more often than Binomial(n, p₂) allows)
 def test_clients_sampled_in_pairs_are_refused_under_poisson():
     assert _check_run(10, 0.1, "poisson", _pairs, 3000) is not None
 

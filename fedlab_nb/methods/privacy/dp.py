@@ -43,7 +43,7 @@ from scipy.stats import binom
 from ...core.messages import Messages, Transform
 from ...core.streams import register_stream
 from ...core.method import weighted_mean
-from . import accounting
+from . import accounting, sampling_tests
 from ...engine.sampling import BernoulliSampler, UniformSampler
 from ...utils import check_number
 
@@ -226,7 +226,8 @@ class DPAggregate:
                                  f" and K={num_clients} (qK={m:g}); use q = m/K")
         state = {"clip": float(self.clip_norm), "rounds": 0, "K": int(num_clients), "W": W,
                  "seen_rounds": 0, "seen_clients": 0, "seen_min": 10**9, "seen_max": 0,
-                 "seen_each": torch.zeros(int(num_clients), dtype=torch.int64)}  # a tensor: checkpoints hold it
+                 "seen_each": torch.zeros(int(num_clients), dtype=torch.int64),  # a tensor: checkpoints hold it
+                 "seen_tests": sampling_tests.init_state(int(num_clients))}
         check_noise_fits(self.noise_std(state), theta.dtype, self._std_formula)  # fail before round 1, not inf θ
         return state
 
@@ -366,11 +367,15 @@ class DPAggregate:
                                  "sampler does not pick clients at random and the reported ε would not hold; " + fix)
         # fewer clients than sampled (drop_stragglers, updates dropped as non-finite) keep ε: a subset of a random
         # sample taken independently of the clients' data; only more participation than q breaks the accounting
-        if self.sampling == "fixed":
-            if m > round(q * K):
-                raise ValueError(f"sampling='fixed' with q={q} expects at most {round(q * K)} clients a round, got {m}; "
-                                 + fix)
-            return
+        if self.sampling == "fixed" and m > round(q * K):
+            raise ValueError(f"sampling='fixed' with q={q} expects at most {round(q * K)} clients a round, got {m}; "
+                             + fix)
+        if self.sampling == "poisson":
+            self._check_poisson_sizes(state, m, fix)
+        self._check_randomness(state, each, ids)  # after the rate checks, whose messages say more
+
+    def _check_poisson_sizes(self, state: dict, m: int, fix: str) -> None:
+        K, q = state["K"], self.sampling_rate
         n, total = state["seen_rounds"], state["seen_clients"]
         # Poisson: the n rounds' sizes add up to a Binomial(nK, q) count; its exact tail, below 1e-9 per round, so a
         # sampler that takes everyone is refused in round 1 (P = q^K), while a fair one is refused once in 10^9 rounds
@@ -382,6 +387,23 @@ class DPAggregate:
             if binom.pmf(m, K, q) ** (n - 1) < 1e-6:
                 raise ValueError(f"the Poisson accountant (q={q}) sees exactly {m} clients in each of {n} rounds: the "
                                  f"sampler draws a fixed number; use sampling='fixed' or a Poisson sampler; " + fix)
+
+    def _check_randomness(self, state: dict, each: torch.Tensor, ids) -> None:
+        """Refuse a schedule (a round-robin, a cycle) or clients drawn in groups (`sampling_tests`)."""
+        K, q, n = state["K"], self.sampling_rate, state["seen_rounds"]
+        tests = state.get("seen_tests")
+        if tests is None:  # a checkpoint from before these tests: the walk is not known from round 1
+            tests = sampling_tests.init_state(K)
+            tests["walk_dev"].fill_(math.inf)
+        tests = {**tests, "pairs": tests["pairs"].clone()}
+        sampling_tests.observe(tests, torch.as_tensor(np.asarray(ids, dtype=np.int64)), each, n, q)
+        state["seen_tests"] = tests
+        m = round(q * K)
+        p2 = q * q if self.sampling == "poisson" else m * (m - 1) / (K * (K - 1)) if K > 1 else 0.0
+        why = sampling_tests.refusal(tests, each, n, q, p2)
+        if why:
+            raise ValueError(f"the sampler is not random: {why}; build the sampler with dp_sampler(q, K, sampling) "
+                             "and pass it as clients_per_round")
 
     # -- History columns ------------------------------------------------------------------------------------
     def epsilon_after(self, rounds: int) -> float:

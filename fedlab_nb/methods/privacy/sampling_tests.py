@@ -1,0 +1,137 @@
+"""Is a DP rule's sampler random? Two exact tests on the clients it aggregates, round after round.
+
+Under either sampling the accountant assumes — Poisson at rate q, or a uniform m = qK of the K clients — with
+rounds drawn independently, one client's participation over the rounds is i.i.d. Bernoulli(q), and two clients
+are in a round together with probability p₂ = q² (Poisson) or m(m−1)/(K(K−1)) (fixed). Each test's probability
+under a fair sampler is exact whatever the other clients do, and a union bound over the clients, pairs and
+checks keeps a fair sampler's refusal below 1e-9 per check (a subset of the sample dropped as stragglers or
+non-finite only makes either test less likely to fire):
+
+* too regular — a client whose count c(t) stays within w of q·t for every t ≤ n. A round-robin or a shuffled
+  cycle keeps w < 2; a fair client's count wanders about √(n q (1 − q)). P(every |c(t) − q t| ≤ w) is a
+  dynamic program over the counts the band allows at each t (`stays_within`), run twice per doubling of n.
+* too even — every client in at least a of the n rounds, where a fair client is in Binomial(n, q): the counts
+  are independent (Poisson) or negatively associated (a uniform m of K, Joag-Dev & Proschan 1983), so
+  P(all ≥ a) ≤ P(Binomial(n, q) ≥ a)^K; a cycle through the clients gives every one its share within a round.
+* together too often — two clients in more rounds together than Binomial(n, p₂) allows (clients drawn in
+  groups, which the amplification by sampling does not cover); counted over up to 512 clients (a fixed random
+  subset when K is larger, so a pairing of every client is met by some pair in it).
+
+No finite test catches every sampler built to evade it: the declaration (`sampling`, `sampling_rate`) is the
+contract, and these tests are the net under it."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.stats import binom
+
+PAIR_CLIENTS = 512      # the pair counts are a PAIR_CLIENTS² table in the rule's state (1 MiB)
+REFUSE_BELOW = 1e-9     # a fair sampler is refused at most once in 10⁹ checks
+
+
+def init_state(num_clients: int) -> dict:
+    """The counts the tests keep: each client's largest |c(t) − q t| so far, and the pair table."""
+    chosen = pair_clients(num_clients)
+    return {"walk_dev": torch.zeros(num_clients, dtype=torch.float64), "pair_ids": chosen,
+            "pairs": torch.zeros(len(chosen), len(chosen), dtype=torch.int32), "pair_rounds": 0}
+
+
+def pair_clients(num_clients: int) -> torch.Tensor:
+    """The clients whose pairs are counted: all of them, or a subset fixed by K (the same after a resume)."""
+    if num_clients <= PAIR_CLIENTS:
+        return torch.arange(num_clients)
+    chosen = np.random.default_rng(num_clients).choice(num_clients, PAIR_CLIENTS, replace=False)
+    return torch.as_tensor(np.sort(chosen))
+
+
+def observe(state: dict, ids: torch.Tensor, counts: torch.Tensor, rounds: int, q: float) -> None:
+    """Add one round: `ids` the clients aggregated (distinct), `counts` every client's rounds so far."""
+    state["walk_dev"] = torch.maximum(state["walk_dev"], (counts.double() - q * rounds).abs())
+    chosen = state["pair_ids"]
+    at = torch.searchsorted(chosen, ids).clamp(max=len(chosen) - 1)
+    at = at[chosen[at] == ids]
+    state["pairs"][at[:, None], at[None, :]] += 1
+    state["pair_rounds"] += 1
+
+
+def refusal(state: dict, counts: torch.Tensor, rounds: int, q: float, p2: float) -> str | None:
+    """Why the sampler is not random (a sentence), or None; p2: two clients' chance of a round together."""
+    if q >= 1:
+        return None
+    return (_too_even(counts, rounds, q) or _too_regular(state["walk_dev"], rounds, q)
+            or _too_often_together(state, p2))
+
+
+def _too_even(counts: torch.Tensor, n: int, q: float) -> str | None:
+    least = int(counts.min())
+    if least < 1:
+        return None
+    log_p = len(counts) * float(binom.logsf(least - 1, n, q)) + math.log(n)  # ≤ n checks so far
+    if log_p >= math.log(REFUSE_BELOW):
+        return None
+    return (f"every one of the {len(counts)} clients was aggregated in at least {least} of {n} rounds (a client sampled "
+            f"at random averages {n * q:.1f}), which random sampling gives with probability below "
+            f"{math.exp(log_p):.1e}: the sampler cycles through the clients, which gets none of the amplification by "
+            "sampling the reported ε counts on")
+
+
+def _too_regular(walk_dev: torch.Tensor, n: int, q: float) -> str | None:
+    if not _checked(n) or not torch.isfinite(walk_dev).all():  # inf: not tracked from round 1 (a resumed run)
+        return None
+    client = int(walk_dev.argmin())
+    w = float(walk_dev[client])
+    if w >= 0.35 * math.sqrt(n * q * (1 - q)) + 1:  # a band this wide is kept with probability ≳ 1e-6
+        return None
+    p = stays_within(n, q, w) * len(walk_dev) * 2 * math.log2(n)  # ≤ 2 log₂ n checks so far
+    if p >= REFUSE_BELOW:
+        return None
+    return (f"client {client}'s count stayed within {w:.2f} of q·t = {q:g}·t for all {n} rounds, which a client "
+            f"sampled at random does with probability below {p:.1e}: the sampler follows a schedule (a round-robin "
+            "or a cycle), which gets none of the amplification by sampling the reported ε counts on")
+
+
+def _checked(n: int) -> bool:
+    """Check the walk at n = 8, 12, 16, 24, 32, 48, … (2^k and 3·2^(k−1)): its dynamic program costs n steps."""
+    odd = n >> (n & -n).bit_length() - 1  # n without its factors of two
+    return n >= 8 and odd in (1, 3)
+
+
+def _too_often_together(state: dict, p2: float) -> str | None:
+    pairs, n = state["pairs"], state["pair_rounds"]
+    if len(pairs) < 2 or p2 >= 1:
+        return None
+    upper = pairs.triu(1)
+    flat = int(upper.argmax())
+    i, j = divmod(flat, len(pairs))
+    together = int(upper[i, j])
+    if together <= n * p2:
+        return None
+    p = float(binom.sf(together - 1, n, p2)) * len(pairs) * (len(pairs) - 1) / 2 * n
+    if p >= REFUSE_BELOW:
+        return None
+    a, b = int(state["pair_ids"][i]), int(state["pair_ids"][j])
+    return (f"clients {a} and {b} were aggregated together in {together} of {n} rounds where random sampling puts "
+            f"them together in about {n * p2:.1f}: the sampler draws clients in groups, so one client's presence "
+            "reveals another's and the amplification by sampling the reported ε counts on does not hold")
+
+
+def stays_within(n: int, q: float, w: float) -> float:
+    """P(|c(t) − q t| ≤ w for t = 1..n) for c(t) the number of successes in t Bernoulli(q) trials."""
+    w = w + 1e-9  # the observed walk itself is inside the band
+    low, p, log_mass = 0, np.ones(1), 0.0  # p[i] ∝ P(c(t) = low + i and inside so far)
+    for t in range(1, n + 1):
+        step = np.zeros(len(p) + 1)
+        step[:-1] += p * (1 - q)
+        step[1:] += p * q
+        a = max(math.ceil(q * t - w), low) - low
+        b = min(math.floor(q * t + w), low + len(p)) - low
+        if a > b:
+            return 0.0
+        p, low = step[a:b + 1], low + a
+        mass = p.sum()
+        if mass <= 0:
+            return 0.0
+        log_mass, p = log_mass + math.log(mass), p / mass
+    return math.exp(log_mass)
