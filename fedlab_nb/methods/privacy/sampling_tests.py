@@ -71,8 +71,8 @@ def _too_even(counts: torch.Tensor, n: int, q: float) -> str | None:
     log_p = len(counts) * float(binom.logsf(least - 1, n, q)) + math.log(n)  # ≤ n checks so far
     if log_p >= math.log(REFUSE_BELOW):
         return None
-    return (f"every one of the {len(counts)} clients was aggregated in at least {least} of {n} rounds (a client sampled "
-            f"at random averages {n * q:.1f}), which random sampling gives with probability below "
+    return (f"every one of the {len(counts)} clients was aggregated in at least {least} of {n} rounds (a client "
+            f"sampled at random averages {n * q:.1f}), which random sampling gives with probability below "
             f"{math.exp(log_p):.1e}: the sampler cycles through the clients, which gets none of the amplification by "
             "sampling the reported ε counts on")
 
