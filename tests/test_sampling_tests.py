@@ -95,3 +95,24 @@ def test_the_pair_subset_is_fixed_by_the_number_of_clients():
     a, b = sampling_tests.pair_clients(5000), sampling_tests.pair_clients(5000)
     assert torch.equal(a, b) and len(a) == sampling_tests.PAIR_CLIENTS and bool((a[1:] > a[:-1]).all())
     assert torch.equal(sampling_tests.pair_clients(7), torch.arange(7))
+
+
+@pytest.mark.parametrize("damage", [
+    lambda t: t.update(walk_dev=t["walk_dev"][:-1]), lambda t: t.update(pairs=t["pairs"].double()),
+    lambda t: t.update(pair_ids=t["pair_ids"].flip(0)), lambda t: t.update(pair_rounds=-1),
+    lambda t: t.update(pair_rounds=2.5), lambda t: t.pop("pairs")],
+    ids=["short walk", "float pairs", "other pair ids", "negative rounds", "float rounds", "no pairs"])
+def test_an_altered_tests_state_is_refused_naming_the_fix(damage):
+    rule = DPAggregate(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.5, sampling="poisson")
+    state = rule.init_state(torch.zeros(3), 4)
+    damage(state["seen_tests"])
+    with pytest.raises(ValueError, match="seen_tests.*resume=False"):
+        rule._check_sampling(state, 1, np.array([2]))
+
+
+@pytest.mark.parametrize("each", [torch.zeros(3, dtype=torch.int64), torch.zeros(4), -torch.ones(4, dtype=torch.int64)])
+def test_altered_per_client_counts_are_refused(each):
+    rule = DPAggregate(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.5, sampling="poisson")
+    state = {**rule.init_state(torch.zeros(3), 4), "seen_each": each}
+    with pytest.raises(ValueError, match="seen_each.*resume=False"):
+        rule._check_sampling(state, 1, np.array([2]))

@@ -357,6 +357,9 @@ class DPAggregate:
                "fixed: UniformSampler(round(q*K)) — and pass it as clients_per_round")
         each = state.get("seen_each")  # an older checkpoint has none
         each = torch.zeros(K, dtype=torch.int64) if each is None else each.clone()
+        if each.shape != (K,) or each.dtype != torch.int64 or bool((each < 0).any()):
+            raise ValueError(f"the DP rule's per-client counts (seen_each) are not {K} counts: the checkpoint was "
+                             "altered or written by another version; delete it or pass resume=False")
         each[torch.as_tensor(np.asarray(ids, dtype=np.int64))] += 1  # ids are distinct (the engine checks)
         state["seen_each"], n = each, state["seen_rounds"]
         top = int(each.argmax())
@@ -395,7 +398,10 @@ class DPAggregate:
         if tests is None:  # a checkpoint from before these tests: the walk is not known from round 1
             tests = sampling_tests.init_state(K)
             tests["walk_dev"].fill_(math.inf)
-        tests = {**tests, "pairs": tests["pairs"].clone()}
+        if isinstance(tests, dict):  # on the CPU, where a checkpoint loaded onto a GPU may not have left it
+            tests = {k: v.cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in tests.items()}
+        sampling_tests.check_state(tests, K)
+        each = each.cpu()
         sampling_tests.observe(tests, torch.as_tensor(np.asarray(ids, dtype=np.int64)), each, n, q)
         state["seen_tests"] = tests
         m = round(q * K)

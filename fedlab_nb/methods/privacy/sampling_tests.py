@@ -38,6 +38,23 @@ def init_state(num_clients: int) -> dict:
             "pairs": torch.zeros(len(chosen), len(chosen), dtype=torch.int32), "pair_rounds": 0}
 
 
+def check_state(tests, num_clients: int) -> None:
+    """Refuse a tests state of the wrong layout (an altered checkpoint) before any of it is indexed."""
+    ids = tests.get("pair_ids") if isinstance(tests, dict) else None
+    ok = (isinstance(ids, torch.Tensor) and ids.dtype == torch.int64 and ids.dim() == 1
+          and torch.equal(ids, pair_clients(num_clients))
+          and _tensor_like(tests.get("walk_dev"), (num_clients,), torch.float64)
+          and _tensor_like(tests.get("pairs"), (len(ids), len(ids)), torch.int32)
+          and type(tests.get("pair_rounds")) is int and tests["pair_rounds"] >= 0)
+    if not ok:
+        raise ValueError("the DP rule's sampling-test state (seen_tests) does not fit this run's clients: the "
+                         "checkpoint was altered or written by another version; delete it or pass resume=False")
+
+
+def _tensor_like(value, shape: tuple, dtype) -> bool:
+    return isinstance(value, torch.Tensor) and tuple(value.shape) == shape and value.dtype == dtype
+
+
 def pair_clients(num_clients: int) -> torch.Tensor:
     """The clients whose pairs are counted: all of them, or a subset fixed by K (the same after a resume)."""
     if num_clients <= PAIR_CLIENTS:
