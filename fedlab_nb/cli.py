@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from fedlab_nb.repro import claims as C
-from fedlab_nb.repro.files import user_path, writable_folder
+from fedlab_nb.repro.files import recover_publishes, user_path, writable_folder
 from fedlab_nb.repro.results import StaleResultWarning, printable, printable_name, read_result, result_files
 from fedlab_nb.repro.verdicts import summary_text
 
@@ -249,6 +249,7 @@ def cmd_list(args) -> int:
     if not ids:
         print(f"no claims files in {root / 'papers'}")
     results = _results(args, root)
+    recover_publishes(results)  # a run killed while it published: its old figures go back before they are listed
     for pid in ids:
         try:
             paper = C.load_paper(pid, root)
@@ -361,9 +362,15 @@ def cmd_run(args) -> int:
         print(printable(f"  {name} = {fmt(value)}"))  # rounded for reading; the notebook's text is stripped
     if out["error"]:
         return 1
-    paper = C.load_paper(args.paper, root)
+    paper, errored = C.load_paper(args.paper, root), 0
     for claim in paper.claims:
-        print(printable(C.claim_line(claim, *C.judge(claim, out["metrics"]))))
+        verdict = C.judge(claim, out["metrics"])
+        errored += verdict[0] == C.ERROR
+        print(printable(C.claim_line(claim, *verdict)))
+    if errored:  # as reproduce: a claim that could not be judged is a failed run, whatever the scale
+        print(f"error: {errored} claim(s) could not be judged (ERROR above: a metric the notebook did not record)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -80,15 +80,12 @@ def test_a_fair_sampler_losing_stragglers_is_not_refused():
     assert run(10, 0.3, "poisson", pick, 2000) is None
 
 
-def test_a_checkpoint_without_the_tests_state_resumes_without_the_walk_test():
+def test_a_checkpoint_without_the_tests_state_is_refused():  # an older version's: the tests would run blind
     rule = DPAggregate(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.5, sampling="poisson")
     state = rule.init_state(torch.zeros(3), 4)
-    del state["seen_tests"]
-    g = np.random.default_rng(0)
-    for _ in range(64):
-        ids = np.flatnonzero(g.random(4) < 0.5)
-        rule._check_sampling(state, len(ids), ids)
-    assert torch.isinf(state["seen_tests"]["walk_dev"]).all() and state["seen_tests"]["pair_rounds"] == 64
+    for key in ("seen_tests", "seen_each"):
+        with pytest.raises(ValueError, match=f"{key}.*resume=False"):
+            rule._check_sampling({k: v for k, v in state.items() if k != key}, 1, np.array([2]))
 
 
 def test_the_pair_subset_is_fixed_by_the_number_of_clients():
@@ -116,3 +113,23 @@ def test_altered_per_client_counts_are_refused(each):
     state = {**rule.init_state(torch.zeros(3), 4), "seen_each": each}
     with pytest.raises(ValueError, match="seen_each.*resume=False"):
         rule._check_sampling(state, 1, np.array([2]))
+
+
+def _kept(q, shift):  # each Poisson sample used for two rounds, from round shift on
+    last = {}
+
+    def pick(r, K, g):
+        if r < shift or (r - shift) % 2 == 0:
+            last["ids"] = np.flatnonzero(g.random(K) < q)
+        return last["ids"]
+    return pick
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_a_sample_kept_for_a_second_round_is_refused_at_either_alignment(shift):
+    rule = DPAggregate(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.1, sampling="poisson")
+    state, g, pick = rule.init_state(torch.zeros(3), 10), np.random.default_rng(0), _kept(0.1, shift)
+    with pytest.raises(ValueError, match=r"in both rounds of \d+ of the \d+ round pairs"):
+        for r in range(3000):
+            ids = pick(r, 10, g)
+            rule._check_sampling(state, len(ids), ids)

@@ -6,7 +6,10 @@ a run that replaces the old result only when it completes.
         publish(tmp, results, ["afl-smoke", "afl-smoke.ipynb", "afl-smoke.json"])
 
 A run killed before `publish` leaves the previous result, its notebook and its figures as they were (and a
-hidden `.afl-smoke.*.running` folder, removed by the next run of that paper)."""
+hidden `.afl-smoke.*.running` folder, removed by the next run of that paper). `publish` writes a journal into the
+staging folder before it moves anything and removes it when every move is done; a run killed part-way through
+(SIGKILL, a power cut) leaves the journal, and the next listing of the results or the next run of that paper
+puts the old versions back (`recover_publishes`), so the old result never stays without its figures."""
 from __future__ import annotations
 
 import contextlib
@@ -184,19 +187,25 @@ def _holder(path: Path) -> str:
 
 
 # ----------------------------------------------------------------------------------- staging and publishing
+JOURNAL = "publishing.json"  # in a staging folder while its publish moves files: what to undo if it is killed
+
+
 @contextlib.contextmanager
 def staging(out_dir, stem: str):
     """A fresh hidden folder `<out_dir>/.<stem>.*.running` to run into, removed on the way out; folders left
-    by killed runs of the same stem are removed first (call it under `run_lock`)."""
+    by killed runs of the same stem are removed first, once a publish killed part-way has had its old versions
+    put back (call it under `run_lock`)."""
     out_dir = make_folder(out_dir)
     for old in out_dir.glob(f".{stem}.*.running"):
-        if old.is_dir() and not old.is_symlink():
+        _recover(old, out_dir)  # a publish killed part-way: its old versions go back first
+        if old.is_dir() and not old.is_symlink() and not (old / JOURNAL).exists():
             shutil.rmtree(old, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(prefix=f".{stem}.", suffix=".running", dir=out_dir))
     try:
         yield folder
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if not (folder / JOURNAL).exists():  # else a publish could not put the old versions back: keep them
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def publish(folder: Path, out_dir, names) -> None:
@@ -213,6 +222,8 @@ def publish(folder: Path, out_dir, names) -> None:
             kind = "folder" if final.is_dir() else "file"
             raise UnsafePathError(f"{final} is a {kind} where fedlab-nb writes a {'file' if kind == 'folder' else 'folder'}"
                                   "; move it away")
+    journal = folder / JOURNAL
+    write_atomic(journal, json.dumps([final.name for _, final in moves]))  # what a killed publish must undo
     done = []   # (new, final, where final's old version is kept in `folder`), recorded before anything moves
     try:
         for new, final in moves:
@@ -220,9 +231,16 @@ def publish(folder: Path, out_dir, names) -> None:
             done.append((new, final, old))
             _set_aside(final, old)
             os.replace(new, final)
-    except BaseException:
-        _put_back(done)
+    except BaseException as e:
+        try:
+            _put_back(done)
+        except OSError as stuck:  # the journal stays: the next listing or run of the paper puts them back
+            raise ReproError(f"publishing into {out_dir} failed ({_why(e)}) and the old versions could not be put "
+                             f"back ({_why(stuck)}); they are kept in {folder}, and the next `fedlab-nb list` or run "
+                             "of this paper restores them") from None
+        journal.unlink(missing_ok=True)
         raise
+    journal.unlink()
 
 
 def _set_aside(final: Path, old: Path) -> None:
@@ -245,6 +263,45 @@ def _copy_whole(src: Path, dst: Path) -> None:
         os.replace(part, dst)
     finally:
         part.unlink(missing_ok=True)
+
+
+def recover_publishes(out_dir) -> None:
+    """Put back the old versions a killed publish left in `out_dir`'s staging folders, for every paper whose
+    run lock is free (a live run's publish is left alone); best effort, for the readers of the results."""
+    out_dir = Path(out_dir)
+    for folder in out_dir.glob(".*.running"):
+        paper, _, scale = folder.name[1:].rsplit(".", 2)[0].partition("-")  # .<paper>-<scale>.<random>.running
+        if not paper.isidentifier() or not (folder / JOURNAL).is_file():  # paper ids hold no '-'
+            continue
+        with contextlib.suppress(ReproError, OSError):
+            with run_lock(out_dir, paper, scale):
+                if _recover(folder, out_dir):
+                    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _recover(folder: Path, out_dir: Path) -> bool:
+    """Undo the publish whose journal is in `folder` (call it holding the paper's lock); whether it did."""
+    journal = folder / JOURNAL
+    if folder.is_symlink() or not journal.is_file() or journal.is_symlink():
+        return False
+    try:
+        names = json.loads(journal.read_text()[:100_000])
+    except (OSError, ValueError):
+        return False
+    if not isinstance(names, list) or not all(_plain_name(n) for n in names):
+        return False  # not a journal this package wrote: nothing in it is followed, the folder is kept
+    _put_back([(folder / n, out_dir / n, folder / f"{n}.old") for n in names])
+    journal.unlink()
+    return True
+
+
+def _plain_name(name) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name \
+        and "\0" not in name
+
+
+def _why(e: BaseException) -> str:
+    return (getattr(e, "strerror", None) or str(e) or type(e).__name__) if isinstance(e, OSError) else type(e).__name__
 
 
 def _put_back(done: list) -> None:

@@ -22,6 +22,8 @@ REPORT_COLUMNS = ["Paper", "Scale", "Reported", "Metric", "Ours"]
 def load_results(results_dir="results", root=None) -> list[dict]:
     """All results/<id>-<scale>.json, sorted by paper then scale; a corrupt one becomes a stale entry. Each
     result also carries the paper's stored paper-scale result (ROOT/papers/paper_scale/<id>.json), if any."""
+    from .files import recover_publishes
+    recover_publishes(results_dir)  # a run killed while it published: its old figures go back before they are read
     results, scales_of = [], {}  # each paper's claims file read once
     for path, paper_id, scale in result_files(results_dir):
         data, problem = read_result(path)  # strings as written to REPORT.md / index.html: no terminal escapes

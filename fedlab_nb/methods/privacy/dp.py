@@ -355,11 +355,12 @@ class DPAggregate:
         state["seen_min"], state["seen_max"] = min(state["seen_min"], m), max(state["seen_max"], m)
         fix = ("build the sampler with dp_sampler(q, K, sampling) — Poisson: BernoulliSampler(np.full(K, q)); "
                "fixed: UniformSampler(round(q*K)) — and pass it as clients_per_round")
-        each = state.get("seen_each")  # an older checkpoint has none
-        each = torch.zeros(K, dtype=torch.int64) if each is None else each.clone()
-        if each.shape != (K,) or each.dtype != torch.int64 or bool((each < 0).any()):
+        each = state.get("seen_each")
+        if not isinstance(each, torch.Tensor) or each.shape != (K,) or each.dtype != torch.int64 \
+                or bool((each < 0).any()):
             raise ValueError(f"the DP rule's per-client counts (seen_each) are not {K} counts: the checkpoint was "
                              "altered or written by another version; delete it or pass resume=False")
+        each = each.clone()
         each[torch.as_tensor(np.asarray(ids, dtype=np.int64))] += 1  # ids are distinct (the engine checks)
         state["seen_each"], n = each, state["seen_rounds"]
         top = int(each.argmax())
@@ -395,9 +396,6 @@ class DPAggregate:
         """Refuse a schedule (a round-robin, a cycle) or clients drawn in groups (`sampling_tests`)."""
         K, q, n = state["K"], self.sampling_rate, state["seen_rounds"]
         tests = state.get("seen_tests")
-        if tests is None:  # a checkpoint from before these tests: the walk is not known from round 1
-            tests = sampling_tests.init_state(K)
-            tests["walk_dev"].fill_(math.inf)
         if isinstance(tests, dict):  # on the CPU, where a checkpoint loaded onto a GPU may not have left it
             tests = {k: v.cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in tests.items()}
         sampling_tests.check_state(tests, K)

@@ -13,6 +13,9 @@ non-finite only makes either test less likely to fire):
 * too even — every client in at least a of the n rounds, where a fair client is in Binomial(n, q): the counts
   are independent (Poisson) or negatively associated (a uniform m of K, Joag-Dev & Proschan 1983), so
   P(all ≥ a) ≤ P(Binomial(n, q) ≥ a)^K; a cycle through the clients gives every one its share within a round.
+* kept for another round — a client in both rounds of more of the disjoint round pairs (1, 2), (3, 4), … (or
+  (2, 3), (4, 5), …) than Binomial(pairs, q²) allows: a sample reused for a second round (a cached draw, a
+  generator seeded by r // 2) counts as two compositions in the accountant but amplifies like one.
 * together too often — two clients in more rounds together than Binomial(n, p₂) allows (clients drawn in
   groups, which the amplification by sampling does not cover); counted over up to 512 clients (a fixed random
   subset when K is larger, so a pairing of every client is met by some pair in it).
@@ -35,7 +38,9 @@ def init_state(num_clients: int) -> dict:
     """The counts the tests keep: each client's largest |c(t) − q t| so far, and the pair table."""
     chosen = pair_clients(num_clients)
     return {"walk_dev": torch.zeros(num_clients, dtype=torch.float64), "pair_ids": chosen,
-            "pairs": torch.zeros(len(chosen), len(chosen), dtype=torch.int32), "pair_rounds": 0}
+            "pairs": torch.zeros(len(chosen), len(chosen), dtype=torch.int32), "pair_rounds": 0,
+            "last": torch.zeros(num_clients, dtype=torch.bool),          # who was in the previous round
+            "repeats": torch.zeros(2, num_clients, dtype=torch.int64)}   # in both rounds of a pair, per alignment
 
 
 def check_state(tests, num_clients: int) -> None:
@@ -45,7 +50,9 @@ def check_state(tests, num_clients: int) -> None:
           and torch.equal(ids, pair_clients(num_clients))
           and _tensor_like(tests.get("walk_dev"), (num_clients,), torch.float64)
           and _tensor_like(tests.get("pairs"), (len(ids), len(ids)), torch.int32)
-          and type(tests.get("pair_rounds")) is int and tests["pair_rounds"] >= 0)
+          and type(tests.get("pair_rounds")) is int and tests["pair_rounds"] >= 0
+          and _tensor_like(tests.get("last"), (num_clients,), torch.bool)
+          and _tensor_like(tests.get("repeats"), (2, num_clients), torch.int64))
     if not ok:
         raise ValueError("the DP rule's sampling-test state (seen_tests) does not fit this run's clients: the "
                          "checkpoint was altered or written by another version; delete it or pass resume=False")
@@ -71,6 +78,12 @@ def observe(state: dict, ids: torch.Tensor, counts: torch.Tensor, rounds: int, q
     at = at[chosen[at] == ids]
     state["pairs"][at[:, None], at[None, :]] += 1
     state["pair_rounds"] += 1
+    now = torch.zeros_like(state["last"])
+    now[ids] = True
+    if rounds >= 2:  # rounds (rounds − 1, rounds) are a pair of alignment rounds % 2
+        state["repeats"] = state["repeats"].clone()
+        state["repeats"][rounds % 2] += (now & state["last"]).long()
+    state["last"] = now
 
 
 def refusal(state: dict, counts: torch.Tensor, rounds: int, q: float, p2: float) -> str | None:
@@ -78,7 +91,22 @@ def refusal(state: dict, counts: torch.Tensor, rounds: int, q: float, p2: float)
     if q >= 1:
         return None
     return (_too_even(counts, rounds, q) or _too_regular(state["walk_dev"], rounds, q)
-            or _too_often_together(state, p2))
+            or _kept_for_another_round(state["repeats"], rounds, q) or _too_often_together(state, p2))
+
+
+def _kept_for_another_round(repeats: torch.Tensor, n: int, q: float) -> str | None:
+    flat = int(repeats.argmax())
+    alignment, client = divmod(flat, repeats.shape[1])
+    both, pairs = int(repeats[alignment, client]), (n - alignment) // 2  # alignment 0: (1, 2), (3, 4), …
+    if pairs < 1 or both <= pairs * q * q:
+        return None
+    p = float(binom.sf(both - 1, pairs, q * q)) * repeats.numel() * n
+    if p >= REFUSE_BELOW:
+        return None
+    first = 1 + alignment
+    return (f"client {client} was in both rounds of {both} of the {pairs} round pairs ({first}, {first + 1}), "
+            f"({first + 2}, {first + 3}), … where independent rounds give about {pairs * q * q:.1f}: the sampler "
+            "keeps a sample for another round, so the rounds are not the independent draws the reported ε counts")
 
 
 def _too_even(counts: torch.Tensor, n: int, q: float) -> str | None:
@@ -95,7 +123,7 @@ def _too_even(counts: torch.Tensor, n: int, q: float) -> str | None:
 
 
 def _too_regular(walk_dev: torch.Tensor, n: int, q: float) -> str | None:
-    if not _checked(n) or not torch.isfinite(walk_dev).all():  # inf: not tracked from round 1 (a resumed run)
+    if not _checked(n):
         return None
     client = int(walk_dev.argmin())
     w = float(walk_dev[client])

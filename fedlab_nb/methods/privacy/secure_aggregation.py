@@ -351,13 +351,16 @@ class SecAggServer:
         self.params = params
         self.users = range(2 ** 32) if users is None else frozenset(  # who may take part
             _check_uid(u, "SecAggServer's users") for u in users)
+        self._new_instance()
+        self.seconds = 0.0
+
+    def _new_instance(self) -> None:
         self.public_keys: dict[int, bytes] = {}          # u → c_u^PK ‖ s_u^PK
         self.ciphertexts: dict[tuple[int, int], bytes] = {}   # (from u, to v) → nonce ‖ AES-GCM ciphertext
         self.masked: dict[int, np.ndarray] = {}          # u → y_u
         self.b_commitments: dict[int, bytes] = {}        # u → H(u ‖ b_u), from ShareKeys
         self.u1 = self.u2 = self.u3 = self.u5 = ()
         self.sum: np.ndarray | None = None
-        self.seconds = 0.0
 
     def _require(self, stage: str, users) -> tuple:
         users = tuple(sorted(users))
@@ -384,6 +387,9 @@ class SecAggServer:
         return out
 
     def collect_keys(self, msgs: dict[int, bytes]) -> bytes:
+        """Round 0 of a new instance: nothing of an earlier instance on this server (its users, ciphertexts, masked
+        inputs, commitments, sum) is kept, so none of its messages is accepted in this one."""
+        self._new_instance()
         msgs = self._checked("AdvertiseKeys", msgs, self.users, 2 * KEY_BYTES)
         self.u1 = self._require("AdvertiseKeys", msgs)
         owners = {}                                      # public key → users advertising it
