@@ -215,7 +215,7 @@ class MethodStrategy(Strategy):
                              for n in good[0][2]}, ids, torch.tensor([int(m["bytes-up"]) for m in metrics]))
             info = RoundInfo(server_round - 1, ids, torch.tensor([float(m["num-examples"]) for m in metrics], device=dev),
                              torch.tensor([float(m["steps"]) for m in metrics], device=dev), self.s.num_clients,
-                             self.s.cfg.lr, self.theta, msgs, self.s.cfg.seed)
+                             self.s.cfg.lr, self.theta, msgs, self.s.cfg.seed, self.sampled)
             if not torch.isfinite(info.sizes.sum()):  # bounded counts keep this finite; a guard, not a silent inf
                 raise _refuse(server_round, f"clients {ids.tolist()}", "report num-examples whose sum is not finite")
             losses = torch.tensor([float(m["train-loss"]) for m in metrics], device=dev)
@@ -229,7 +229,8 @@ class MethodStrategy(Strategy):
             row.update(self.s.method.round_metrics(self.state))
         else:  # nobody sampled or every reply failed: DP still releases a noised θ (engine.server.quiet_round)
             info = RoundInfo(server_round - 1, np.empty(0, dtype=np.int64), self.theta.new_zeros(0),
-                             self.theta.new_zeros(0), self.s.num_clients, self.s.cfg.lr, self.theta, None, self.s.cfg.seed)
+                             self.theta.new_zeros(0), self.s.num_clients, self.s.cfg.lr, self.theta, None, self.s.cfg.seed,
+                             self.sampled)
             self.theta, self.state, out = quiet_round(self.s.method, self.state, self.theta, info, self.s.round.groups)
             row.update(out)
         self.rows.append(row)

@@ -77,7 +77,7 @@ def test_fair_samplers_are_never_refused(K, q, sampling, seed):
 
 def test_a_fair_sampler_losing_stragglers_is_not_refused():
     pick = lambda r, K, g: np.flatnonzero((g.random(K) < 0.3) & (g.random(K) < 0.5))  # noqa: E731
-    assert run(10, 0.3, "poisson", pick, 2000) is None
+    assert run(10, 0.3, "poisson", pick, 2000, drawn=False) is None  # the clients aggregated, not the draw
 
 
 def test_a_checkpoint_without_the_tests_state_is_refused():  # an older version's: the tests would run blind
@@ -133,3 +133,38 @@ def test_a_sample_kept_for_a_second_round_is_refused_at_either_alignment(shift):
         for r in range(3000):
             ids = pick(r, 10, g)
             rule._check_sampling(state, len(ids), ids)
+
+
+def _never_together(q):  # clients in pairs (2i, 2i+1): one of the two with probability 2q, never both
+    def pick(r, K, g):
+        take, which = g.random(K // 2) < 2 * q, g.integers(0, 2, K // 2)
+        return 2 * np.flatnonzero(take) + which[take]
+    return pick
+
+
+@pytest.mark.parametrize("K,q,pick,sampling", [
+    (10, 0.25, _never_together(0.25), "poisson"),
+    (8, 0.25, lambda r, K, g: np.array([2 * g.integers(K // 2), 2 * g.integers(K // 2) + 1]), "fixed"),
+    (10, 0.07, lambda r, K, g: np.array([g.integers(K)]) if g.random() < 0.7 else np.array([], int), "poisson")],
+    ids=["pairs never together", "one even and one odd client (fixed)", "at most one a round"])
+def test_draws_that_keep_clients_apart_or_cap_their_size_are_refused(K, q, pick, sampling):
+    assert run(K, q, sampling, pick, 3000) is not None
+
+
+def _redraw_empty(q):  # "nobody sampled? draw again": never an empty round
+    def pick(r, K, g):
+        while True:
+            ids = np.flatnonzero(g.random(K) < q)
+            if len(ids):
+                return ids
+    return pick
+
+
+def test_a_sampler_that_redraws_an_empty_round_is_refused():
+    assert run(10, 0.1, "poisson", _redraw_empty(0.1), 3000) is not None
+
+
+def test_fewer_clients_left_after_drops_are_not_judged_as_a_draw():
+    at_most_three = lambda r, K, g: np.flatnonzero(g.random(K) < 0.3)[:3]  # noqa: E731 (the rest dropped)
+    assert run(10, 0.3, "poisson", at_most_three, 1000, drawn=False) is None
+    assert run(10, 0.3, "poisson", at_most_three, 1000, drawn=True) is not None  # as a draw: capped at three

@@ -34,6 +34,7 @@ class RoundInfo:
     theta: torch.Tensor | None = None     # the broadcast global parameters
     messages: Messages | None = None      # every entry the clients sent (rankings, variates, statistics ...)
     seed: int = 0                         # the run's seed: server-side draws use rng(seed, stream, round) (DP noise)
+    sampled: np.ndarray | None = None     # every client the sampler drew, stragglers and dropped updates too
 
     def generator(self, stream: int) -> torch.Generator:
         """A torch generator keyed by (seed, stream, round): server randomness that a resumed run repeats."""

@@ -229,12 +229,14 @@ def finish_clients(s: RoundSetup, done: dict, theta: torch.Tensor, down: dict, c
     return s.method.client.finish(done, theta, down, cstate, steps, s.lr, s.method, s.groups)
 
 
-def round_info(s: RoundSetup, r: int, ids, jobs, theta: torch.Tensor, msgs: Messages) -> RoundInfo:
-    """What the server knows about round r when it aggregates (sizes and steps in θ's float dtype)."""
+def round_info(s: RoundSetup, r: int, ids, jobs, theta: torch.Tensor, msgs: Messages, sampled=None) -> RoundInfo:
+    """What the server knows about round r when it aggregates (sizes and steps in θ's float dtype); `sampled`:
+    every client the sampler drew, when stragglers were left out of `ids`."""
     fdt = theta.dtype if theta.is_floating_point() else None  # float64 runs weight in float64
     sizes = torch.tensor([float(len(j.y)) for j in jobs], device=theta.device, dtype=fdt)
     steps = torch.tensor([float(len(j.batches)) for j in jobs], device=theta.device, dtype=fdt)
-    return RoundInfo(r, np.asarray(ids), sizes, steps, s.fed.num_clients, s.lr, theta, msgs, s.cfg.seed)
+    return RoundInfo(r, np.asarray(ids), sizes, steps, s.fed.num_clients, s.lr, theta, msgs, s.cfg.seed,
+                     np.asarray(ids if sampled is None else sampled))
 
 
 def _round_buffers(s: RoundSetup, cstate: dict, m: int, theta: torch.Tensor) -> dict:
@@ -297,8 +299,10 @@ def downlink(s: RoundSetup, r: int, state: dict, down: dict) -> tuple[dict, dict
     return down, state, int(theta_bytes)
 
 
-def run_round(s: RoundSetup, state: dict, theta: torch.Tensor, store: ClientStore, ids, r: int, attack, byz_all):
-    """One round after sampling; returns (θ, state, row entries: train_loss, bytes_up, bytes_down)."""
+def run_round(s: RoundSetup, state: dict, theta: torch.Tensor, store: ClientStore, ids, r: int, attack, byz_all,
+              sampled=None):
+    """One round after sampling (`sampled`: the draw, `ids` without its stragglers); returns (θ, state, row
+    entries: train_loss, bytes_up, bytes_down)."""
     dev = theta.device
     down = s.method.broadcast(state, theta)
     down, state, theta_bytes = downlink(s, r, state, down)
@@ -309,7 +313,7 @@ def run_round(s: RoundSetup, state: dict, theta: torch.Tensor, store: ClientStor
     msgs, cstate = uplink(s, r, msgs, cstate, byz, attack, theta, down)
     if cstate:
         store.scatter(ids, cstate)
-    info = round_info(s, r, ids, jobs, theta, msgs)
+    info = round_info(s, r, ids, jobs, theta, msgs, sampled)
     others = dense_bytes({k: v for k, v in down.items() if k != "theta"})
     wire = {"bytes_up": int(msgs.wire_bytes().sum()), "bytes_down": len(ids) * (theta_bytes + others)}
     theta, state, loss = server_update(s.method, state, theta, info, msgs, losses, s.cfg.on_nonfinite, s.groups)
@@ -419,10 +423,11 @@ def quiet_round(method: Method, state: dict, theta: torch.Tensor, info: RoundInf
     return theta, state, method.round_metrics(state)
 
 
-def empty_info(s: RoundSetup, r: int, theta: torch.Tensor) -> RoundInfo:
-    """The RoundInfo of round r when no client was sampled."""
-    none = theta.new_zeros(0)
-    return RoundInfo(r, np.empty(0, dtype=np.int64), none, none, s.fed.num_clients, s.lr, theta, None, s.cfg.seed)
+def empty_info(s: RoundSetup, r: int, theta: torch.Tensor, sampled=None) -> RoundInfo:
+    """The RoundInfo of round r when no client was sampled (or every one drawn, `sampled`, was a straggler)."""
+    none, nobody = theta.new_zeros(0), np.empty(0, dtype=np.int64)
+    return RoundInfo(r, nobody, none, none, s.fed.num_clients, s.lr, theta, None, s.cfg.seed,
+                     nobody if sampled is None else np.asarray(sampled))
 
 
 # --- the run ------------------------------------------------------------------------------------------
@@ -625,15 +630,15 @@ def simulate(method: Method, fed: FederatedDataset, model: str | torch.nn.Module
     bar = tqdm(range(start, rounds), desc=method.name, disable=not progress, leave=False)
     t0 = time.perf_counter()
     for r in bar:
-        ids = check_sampled(sampler(r, K, rng(seed, SAMPLE, r)), K, r)
+        ids = drawn = check_sampled(sampler(r, K, rng(seed, SAMPLE, r)), K, r)
         if cfg.drop_stragglers and cfg.stragglers:
             late = _stragglers(K, cfg, r)
             ids = np.array([k for k in ids if k not in late], dtype=np.int64)
         row = {"round": r + 1, "n_sampled": int(len(ids)), "train_loss": float("nan"), "bytes_up": 0, "bytes_down": 0}
         if len(ids):
-            theta, state, out = run_round(setup, state, theta, store, ids, r, attack, byz)
+            theta, state, out = run_round(setup, state, theta, store, ids, r, attack, byz, drawn)
         else:  # DP still releases a noised θ (and its accountant's ε) in a round nobody was sampled in
-            theta, state, out = quiet_round(method, state, theta, empty_info(setup, r, theta), groups)
+            theta, state, out = quiet_round(method, state, theta, empty_info(setup, r, theta, drawn), groups)
         row.update(out)
         if (r + 1) % eval_every == 0 or r + 1 == rounds:
             row.update(evaluator(theta, *personal_models(setup, r, theta, store, state)))

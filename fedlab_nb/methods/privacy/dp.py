@@ -266,7 +266,9 @@ class DPAggregate:
             raise ValueError("DPAggregate draws keyed noise and needs the round's info=RoundInfo (the engine passes "
                              "it because uses_context = True)")
         state = dict(state)
-        self._check_sampling(state, len(deltas), info.client_ids)
+        drawn = info.sampled is not None  # the sampler's draw, stragglers and dropped updates included
+        ids = info.sampled if drawn else info.client_ids
+        self._check_sampling(state, len(ids), ids, drawn)
         weights = torch.ones(len(deltas), dtype=deltas.dtype, device=deltas.device) if weights is None else weights
         self._check_inputs(state, deltas, weights)
         denom = self.denominator(state, weights)
@@ -346,9 +348,10 @@ class DPAggregate:
         raise ValueError(f"clients_per_round: the rule was built for Poisson sampling with q={q} ({q * K:.1f} clients "
                          f"a round on average), but the run uses {got}{word}; the reported ε would not hold: {fix}")
 
-    def _check_sampling(self, state: dict, m: int, ids=()):
+    def _check_sampling(self, state: dict, m: int, ids=(), drawn: bool = False):
         """Raise when the round sizes, or how often one client takes part, cannot come from this rule's sampling
-        (q, Poisson or fixed): under either, each client takes part in a round with probability q."""
+        (q, Poisson or fixed): under either, each client takes part in a round with probability q. `drawn`: the
+        ids are the sampler's whole draw (not the clients aggregated after drops), so too few is evidence too."""
         K, q = state["K"], self.sampling_rate
         state["seen_rounds"] += 1
         state["seen_clients"] += m
@@ -376,7 +379,7 @@ class DPAggregate:
                              + fix)
         if self.sampling == "poisson":
             self._check_poisson_sizes(state, m, fix)
-        self._check_randomness(state, each, ids)  # after the rate checks, whose messages say more
+        self._check_randomness(state, each, ids, drawn)  # after the rate checks, whose messages say more
 
     def _check_poisson_sizes(self, state: dict, m: int, fix: str) -> None:
         K, q = state["K"], self.sampling_rate
@@ -392,7 +395,7 @@ class DPAggregate:
                 raise ValueError(f"the Poisson accountant (q={q}) sees exactly {m} clients in each of {n} rounds: the "
                                  f"sampler draws a fixed number; use sampling='fixed' or a Poisson sampler; " + fix)
 
-    def _check_randomness(self, state: dict, each: torch.Tensor, ids) -> None:
+    def _check_randomness(self, state: dict, each: torch.Tensor, ids, drawn: bool) -> None:
         """Refuse a schedule (a round-robin, a cycle) or clients drawn in groups (`sampling_tests`)."""
         K, q, n = state["K"], self.sampling_rate, state["seen_rounds"]
         tests = state.get("seen_tests")
@@ -405,6 +408,9 @@ class DPAggregate:
         m = round(q * K)
         p2 = q * q if self.sampling == "poisson" else m * (m - 1) / (K * (K - 1)) if K > 1 else 0.0
         why = sampling_tests.refusal(tests, each, n, q, p2)
+        if why is None and drawn:  # only a whole draw can be too small: a drop makes a fair one look so
+            sizes = (state["seen_min"], state["seen_max"]) if self.sampling == "poisson" else None
+            why = sampling_tests.refusal_of_draws(tests, n, K, q, p2, sizes)
         if why:
             raise ValueError(f"the sampler is not random: {why}; build the sampler with dp_sampler(q, K, sampling) "
                              "and pass it as clients_per_round")

@@ -94,6 +94,47 @@ def refusal(state: dict, counts: torch.Tensor, rounds: int, q: float, p2: float)
             or _kept_for_another_round(state["repeats"], rounds, q) or _too_often_together(state, p2))
 
 
+def refusal_of_draws(state: dict, rounds: int, num_clients: int, q: float, p2: float, sizes=None) -> str | None:
+    """The tests that need the sampler's whole draws (no straggler or dropped update left out): two clients
+    together too rarely, and, under Poisson sampling (`sizes`: the smallest and largest draw), draws whose
+    sizes stay too narrow (never more than one client, never an empty round)."""
+    if q >= 1:
+        return None
+    return _too_rarely_together(state, p2) or (sizes and _sizes_too_narrow(*sizes, rounds, num_clients, q))
+
+
+def _too_rarely_together(state: dict, p2: float) -> str | None:
+    pairs, n = state["pairs"], state["pair_rounds"]
+    if len(pairs) < 2 or p2 <= 0:
+        return None
+    upper = pairs.long() + torch.tril(torch.full_like(pairs, 2**31 - 1, dtype=torch.int64))  # the pairs i < j only
+    flat = int(upper.argmin())
+    i, j = divmod(flat, len(pairs))
+    together = int(upper[i, j])
+    if together >= n * p2:
+        return None
+    p = float(binom.cdf(together, n, p2)) * len(pairs) * (len(pairs) - 1) / 2 * n
+    if p >= REFUSE_BELOW:
+        return None
+    a, b = int(state["pair_ids"][i]), int(state["pair_ids"][j])
+    return (f"clients {a} and {b} were drawn together in {together} of {n} rounds where random sampling puts them "
+            f"together in about {n * p2:.1f}: the sampler keeps them apart, so one client's absence reveals another's "
+            "presence and the amplification by sampling the reported ε counts on does not hold")
+
+
+def _sizes_too_narrow(smallest: int, largest: int, n: int, K: int, q: float) -> str | None:
+    """Poisson draws are Binomial(K, q) sizes: all n of them ≤ largest with probability F(largest)^n."""
+    never_more = n * float(binom.logcdf(largest, K, q))
+    never_fewer = n * float(binom.logsf(smallest - 1, K, q)) if smallest > 0 else 0.0
+    log_p = min(never_more, never_fewer) + math.log(2 * n)
+    if log_p >= math.log(REFUSE_BELOW):
+        return None
+    return (f"the sampler drew between {smallest} and {largest} clients in each of {n} rounds, a spread this "
+            f"narrow Poisson sampling (K={K}, q={q:g}) gives with probability below {math.exp(log_p):.1e}: it caps "
+            "or pads the draws (at most one client, a redraw of an empty round), which the accountant's Poisson "
+            "amplification does not cover")
+
+
 def _kept_for_another_round(repeats: torch.Tensor, n: int, q: float) -> str | None:
     flat = int(repeats.argmax())
     alignment, client = divmod(flat, repeats.shape[1])
