@@ -183,3 +183,204 @@ def test_the_lock_is_released_after_a_failed_or_interrupted_run(tmp_path, monkey
     assert rc in (1, 130) and "Traceback" not in err, (rc, err)
     assert not (results / "tiny.lock").exists() and _lock_free(results)
     assert not list(results.glob(".tiny-smoke.*.running"))
+
+
+# ================================================================================ (7) a run killed part-way
+def _coherent(results, before):
+    """The results folder holds the old result as it was, or a new one whose files are all the ones it names."""
+    from fedlab_nb.repro.runner import _outputs_intact
+    now = _snapshot(results)
+    if now == before:
+        return True
+    result = json.loads(now["tiny-smoke.json"])
+    return _outputs_intact(result, results) and all((results / f).is_file() for f in result["figures"]) and \
+        sorted(p.name for p in (results / "tiny-smoke").iterdir()) == sorted(
+            Path(f).name for f in result["figures"] + result["figure_data"] + ["x/metrics.json"])
+
+
+@pytest.mark.parametrize("where", ["content_hash", "build_parameters", "judge_run", "_output_digests"])
+def test_an_interrupt_before_or_after_the_kernel_keeps_the_old_result_whole(tmp_path, monkeypatch, where):  # held
+    from fedlab_nb.repro import runner
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _stand_in(monkeypatch, figure="other.png", metrics={"value": 0.7, "double": 1.4})
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(runner, where, stop)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    assert rc == 130 and _snapshot(results) == before and _lock_free(results), (rc, err)
+    assert not list(results.glob(".tiny-smoke.*.running"))
+
+
+@pytest.mark.parametrize("k", range(1, 6))  # a run renames 5 times: the result into staging, then publish
+def test_an_interrupt_at_any_rename_of_a_run_leaves_one_whole_result(tmp_path, monkeypatch, k):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _stand_in(monkeypatch, figure="other.png", metrics={"value": 0.7, "double": 1.4})
+    real, calls = os.replace, []
+
+    def replace(a, b):
+        calls.append(b)
+        if len(calls) == k:
+            raise KeyboardInterrupt
+        return real(a, b)
+    monkeypatch.setattr(os, "replace", replace)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.setattr(os, "replace", real)
+    assert rc in (0, 130) and _coherent(results, before), (rc, err, sorted(_snapshot(results)))
+    assert _lock_free(results) and not list(results.glob(".tiny-smoke.*.running"))
+
+
+KILL = textwrap.dedent("""
+    import json, os, signal, sys
+    from pathlib import Path
+    sys.path[:0] = [{repo!r}, {tests!r}]
+    import papermill
+    from fedlab_nb.repro import files
+    from fedlab_nb.repro.recording import RUN_DIR_ENV
+    from probes import PNG, cli
+
+    def execute(source, executed, parameters=None, **kw):
+        run_dir = Path(os.environ[RUN_DIR_ENV])
+        (run_dir / "killed-run.png").write_bytes(PNG)
+        (run_dir / "metrics.json").write_text(json.dumps({{"value": 0.7, "double": 1.4}}))
+        Path(executed).write_text("{{}}")
+    papermill.execute_notebook = execute
+    real = files._set_aside
+
+    def aside(final, old):  # SIGKILL (the OOM killer, a power cut) right after the old figures are set aside
+        real(final, old)
+        os.kill(os.getpid(), signal.SIGKILL)
+    files._set_aside = aside
+    cli(["--root", {root!r}, "--results", {results!r}, "reproduce", "tiny", "--force"])
+""")
+
+
+@F_(1, "a run killed (SIGKILL, power cut) while it publishes leaves the old result listed and on the board with its "
+       "figures folder moved into the hidden .running folder, which the next run of the paper deletes")
+def test_a_run_killed_while_it_publishes_keeps_the_old_figures_beside_the_old_result(tmp_path, monkeypatch):
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    here = Path(__file__).resolve().parent
+    code = KILL.format(repo=str(here.parent), tests=str(here), root=str(root), results=str(results))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"})
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    assert _coherent(results, before), sorted(_snapshot(results))
+
+
+def test_run_interrupted_mid_notebook_keeps_the_earlier_run_folder(tmp_path, monkeypatch):  # held
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    _stand_in(monkeypatch)
+    assert cli(["--root", root, "--results", results, "run", "tiny"])[0] == 0
+    before = _snapshot(results)
+    _stand_in(monkeypatch, figure="other.png", during=lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    rc, out, err = cli(["--root", root, "--results", results, "run", "tiny"])
+    assert rc == 130 and _snapshot(results) == before and _lock_free(results)
+
+
+# ================================================================================ (7) a full disk at each write
+def _full(*a, **k):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _full_for(name, real):
+    def write(path, *a, **k):
+        if Path(path).name == name:
+            _full()
+        return real(path, *a, **k)
+    return write
+
+
+@pytest.mark.parametrize("where", ["the lock file", "the staging folder", "the result file", "a figure folder mkdir"])
+def test_a_full_disk_at_each_write_of_reproduce_is_one_line_and_keeps_everything(tmp_path, monkeypatch, where):
+    import pathlib
+    import tempfile
+
+    from fedlab_nb.repro import runner
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _stand_in(monkeypatch, figure="other.png", metrics={"value": 0.7, "double": 1.4})
+    if where == "the lock file":
+        monkeypatch.setattr(os, "write", _full)
+    elif where == "the staging folder":
+        monkeypatch.setattr(tempfile, "mkdtemp", _full)
+    elif where == "the result file":
+        monkeypatch.setattr(runner, "write_json_atomic", _full)
+    else:
+        real = pathlib.Path.mkdir
+        monkeypatch.setattr(pathlib.Path, "mkdir", lambda self, *a, **k: _full() if self.name == "tiny-smoke"
+                            else real(self, *a, **k))
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    one_line_error(rc, err)
+    assert rc == 1 and ("disk is full" in err or "No space left" in err), err
+    assert _snapshot(results) == before and _lock_free(results) and not list(results.glob(".tiny-smoke.*.running"))
+
+
+def test_a_full_disk_writing_run_parameters_is_one_line_and_keeps_the_earlier_run(tmp_path, monkeypatch):  # held
+    from fedlab_nb.repro import runner
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    _stand_in(monkeypatch)
+    assert cli(["--root", root, "--results", results, "run", "tiny"])[0] == 0
+    before = _snapshot(results)
+    monkeypatch.setattr(runner, "write_json_atomic", _full)
+    rc, out, err = cli(["--root", root, "--results", results, "run", "tiny"])
+    lines = err.strip().splitlines()  # "tiny (smoke): running ... into ...", then the error
+    assert rc == 1 and len(lines) == 2 and "disk is full" in lines[1] and "Traceback" not in err, err
+    assert _snapshot(results) == before
+
+
+def test_a_full_disk_writing_index_html_is_one_line(tmp_path, monkeypatch):  # held
+    from fedlab_nb.repro import files
+    root, results, _ = _first_result(tmp_path, monkeypatch)
+    monkeypatch.setattr(files, "write_atomic", _full_for("index.html", files.write_atomic))
+    rc, out, err = cli(["--root", root, "--results", results, "report"])
+    one_line_error(rc, err)
+    assert "disk is full" in err and str(results) in err, err
+
+
+def test_a_full_disk_copying_lab_notebooks_is_one_line_and_keeps_the_copies(tmp_path, monkeypatch):  # held
+    import pathlib
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    assert cli(["--root", root, "--results", results, "lab", "--dry-run"])[0] == 0
+    copy = results / "lab" / "tiny.ipynb"
+    copy.write_text("my edits")
+    monkeypatch.setattr(pathlib.Path, "write_bytes", _full)
+    rc, out, err = cli(["--root", root, "--results", results, "lab", "--dry-run", "--fresh"])
+    monkeypatch.undo()
+    one_line_error(rc, err)
+    assert "disk is full" in err and copy.read_text() == "my edits"
+    assert [p.name for p in copy.parent.iterdir()] == ["tiny.ipynb"]  # no temporary file left
+
+
+def test_a_full_disk_while_history_saves_its_metadata_keeps_the_old_pair(tmp_path, monkeypatch):  # held
+    import pandas as pd
+
+    from fedlab_nb.core import history as H
+    path = tmp_path / "run.csv"
+    old = H.History(pd.DataFrame({"round": [0, 1], "accuracy": [0.1, 0.2]}))
+    old.save(path)
+    before = (path.read_bytes(), path.with_suffix(".json").read_bytes())
+    new = H.History(pd.DataFrame({"round": [0, 1, 2], "accuracy": [0.3, 0.4, 0.5]}))
+    monkeypatch.setattr(H, "_write_atomic", _full_for("run.json", H._write_atomic))
+    with pytest.raises(OSError):
+        new.save(path)
+    assert (path.read_bytes(), path.with_suffix(".json").read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv", "run.json"]
+
+
+@F_(2, "when publish fails and putting the old figures back fails as well (the same refused rename), staging's "
+       "clean-up deletes the set-aside old figures: the old result stays listed with its figures gone")
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO])
+def test_a_publish_whose_put_back_also_fails_never_deletes_the_old_figures(tmp_path, monkeypatch, error):
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _stand_in(monkeypatch, figure="other.png", metrics={"value": 0.7, "double": 1.4})
+    real = os.replace
+
+    def replace(a, b):
+        if Path(b).parent == results:  # every rename into the results folder fails (a sick disk or mount)
+            raise OSError(error, os.strerror(error), str(b))
+        return real(a, b)
+    monkeypatch.setattr(os, "replace", replace)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    one_line_error(rc, err)
+    assert _snapshot(results) == before and _lock_free(results)
