@@ -384,3 +384,82 @@ def test_a_publish_whose_put_back_also_fails_never_deletes_the_old_figures(tmp_p
     monkeypatch.undo()
     one_line_error(rc, err)
     assert _snapshot(results) == before and _lock_free(results)
+
+
+# ================================================================================ (7) results paths, exit statuses
+@pytest.mark.parametrize("given", ["res/", "./a/b/c", "res//x/../y"], ids=["trailing slash", "missing parents", "dots"])
+def test_reproduce_with_an_odd_relative_results_path_writes_there(tmp_path, monkeypatch, given):  # held
+    root = root_copy(tmp_path)
+    _stand_in(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = cli(["--root", root, "--results", given, "reproduce", "tiny"])
+    assert rc == 0 and (tmp_path / given / "tiny-smoke.json").is_file(), (rc, err)
+
+
+@pytest.mark.parametrize("cmd", [["list"], ["report"], ["reproduce", "tiny"], ["run", "tiny"], ["lab", "--dry-run"]])
+def test_a_results_path_under_a_file_is_one_line(tmp_path, monkeypatch, cmd):  # held
+    root = root_copy(tmp_path)
+    (tmp_path / "file").write_text("x")
+    _stand_in(monkeypatch)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "file" / "sub", *cmd])
+    if cmd == ["list"]:
+        assert rc == 0 and "Traceback" not in err
+    else:
+        one_line_error(rc, err)
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_dangling_link_as_the_results_folder_is_one_line_and_makes_nothing(tmp_path, monkeypatch):  # held
+    root = root_copy(tmp_path)
+    (tmp_path / "res").symlink_to(tmp_path / "elsewhere")
+    _stand_in(monkeypatch)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "reproduce", "tiny"])
+    one_line_error(rc, err)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def _add_claim(metric):
+    return lambda t: t + (f"  - id: extra\n    role: supporting\n    text: \"an extra claim\"\n    metric: {metric}\n"
+                          "    expect: \"> 0\"\n    verdict: reproduced\n")
+
+
+@pytest.mark.parametrize("scale, edit, error, want", [
+    ("paper", _add_claim("nowhere"), None, 1), ("paper", None, None, 0), ("paper", None, "RuntimeError", 1),
+    ("smoke", _add_claim("nowhere"), None, 1), ("smoke", None, None, 0),
+    ("big", lambda t: _add_claim("nowhere")(t.replace("  paper: {", "  big: {parameters: {}}\n  paper: {", 1)), None, 1),
+    ("big", lambda t: t.replace("  paper: {", "  big: {parameters: {}}\n  paper: {", 1), None, 0)],
+    ids=["paper claim errors", "paper passes", "paper notebook fails", "smoke claim errors", "smoke passes",
+         "third scale claim errors", "third scale passes"])
+def test_reproduce_exit_status_at_each_scale(tmp_path, monkeypatch, scale, edit, error, want):  # held
+    root = root_copy(tmp_path, edit)
+    _stand_in(monkeypatch, error=error)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "reproduce", "tiny", "--scale", scale])
+    assert rc == want and "Traceback" not in err, (rc, out, err)
+
+
+def test_reproduce_of_an_up_to_date_result_with_an_errored_claim_still_exits_1(tmp_path, monkeypatch):  # held
+    root = root_copy(tmp_path, _add_claim("nowhere"))
+    _stand_in(monkeypatch)
+    args = ["--root", root, "--results", tmp_path / "res", "reproduce", "tiny", "--scale", "paper"]
+    assert cli(args)[0] == 1
+    rc, out, err = cli(args)
+    assert rc == 1 and "up to date" in out, (rc, out, err)
+
+
+def test_reproduce_all_with_one_paper_failing_exits_1_and_runs_the_other(tmp_path, monkeypatch):  # held
+    root = root_copy(tmp_path)
+    _second_paper(root, "tiny2")
+    p = root / "papers" / "tiny2.yaml"
+    p.write_text(_add_claim("nowhere")(p.read_text()))
+    _stand_in(monkeypatch)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "reproduce", "--all", "-j", "1"])
+    assert rc == 1 and (tmp_path / "res" / "tiny-smoke.json").is_file() and "tiny2" in err, (rc, out, err)
+
+
+@F_(3, "`fedlab-nb run` prints a claim as ERROR (its metric was never recorded) and exits 0; reproduce exits 1 for "
+       "the same run")
+def test_run_exits_non_zero_when_a_claim_cannot_be_judged(tmp_path, monkeypatch):
+    root = root_copy(tmp_path, _add_claim("nowhere"))
+    _stand_in(monkeypatch)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "run", "tiny"])
+    assert "extra" in out and rc == 1, (rc, out, err)
