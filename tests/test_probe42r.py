@@ -426,7 +426,8 @@ def _add_claim(metric):
 @pytest.mark.parametrize("scale, edit, error, want", [
     ("paper", _add_claim("nowhere"), None, 1), ("paper", None, None, 0), ("paper", None, "RuntimeError", 1),
     ("smoke", _add_claim("nowhere"), None, 1), ("smoke", None, None, 0),
-    ("big", lambda t: _add_claim("nowhere")(t.replace("  paper: {", "  big: {parameters: {}}\n  paper: {", 1)), None, 1),
+    ("big", lambda t: _add_claim("nowhere")(t.replace("  paper: {", "  big: {parameters: {}}\n  paper: {", 1)),
+     None, 1),
     ("big", lambda t: t.replace("  paper: {", "  big: {parameters: {}}\n  paper: {", 1), None, 0)],
     ids=["paper claim errors", "paper passes", "paper notebook fails", "smoke claim errors", "smoke passes",
          "third scale claim errors", "third scale passes"])
@@ -463,3 +464,185 @@ def test_run_exits_non_zero_when_a_claim_cannot_be_judged(tmp_path, monkeypatch)
     _stand_in(monkeypatch)
     rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "run", "tiny"])
     assert "extra" in out and rc == 1, (rc, out, err)
+
+
+# ================================================================================ (6) secure aggregation's messages
+class _Instance:
+    """One protocol instance of 4 users (t = 3, m = 5) run stage by stage: `msgs[stage]` are the clients' messages
+    to the server, `down[stage]` what the server sent back; `swap(stage, edit)` reruns from that stage's
+    collection with the clients' messages edited."""
+
+    def __init__(self, seed=0, x=None, bits=32, ids=(0, 1, 2, 3), t=3):
+        from fedlab_nb.methods.privacy.secure_aggregation import SecAggClient, SecAggParams, SecAggServer
+        self.params = SecAggParams(t, 5, bits)
+        self.x = np.arange(len(ids) * 5, dtype=np.int64).reshape(len(ids), 5) + 7 * seed if x is None else x
+        self.clients = {u: SecAggClient(u, self.x[i], self.params, np.random.default_rng(100 * seed + i))
+                        for i, u in enumerate(ids)}
+        self.server = SecAggServer(self.params, ids)
+        self.msgs, self.down = {}, {}
+
+    def keys(self, edit=lambda m: m):
+        self.msgs["keys"] = edit({u: c.advertise_keys() for u, c in self.clients.items()})
+        self.down["keys"] = self.server.collect_keys(self.msgs["keys"])
+        return self
+
+    def shares(self, edit=lambda m: m):
+        self.msgs["shares"] = edit({u: c.share_keys(self.down["keys"]) for u, c in self.clients.items()})
+        self.down["shares"] = self.server.collect_shares(self.msgs["shares"])
+        return self
+
+    def masked(self, edit=lambda m: m, who=None):
+        who = self.down["shares"] if who is None else who
+        self.msgs["masked"] = edit({u: self.clients[u].masked_input(self.down["shares"][u]) for u in who})
+        self.down["masked"] = self.server.collect_masked(self.msgs["masked"])
+        return self
+
+    def unmask(self, edit=lambda m: m):
+        from fedlab_nb.methods.privacy.secure_aggregation import _ids
+        survivors = [u for u, _ in _ids(self.down["masked"], 0)]
+        self.msgs["unmask"] = edit({u: self.clients[u].unmask(self.down["masked"]) for u in survivors})
+        return self.server.unmask(self.msgs["unmask"])
+
+    def run(self, **edits):
+        return self.keys(edits.get("keys", lambda m: m)).shares(edits.get("shares", lambda m: m)).masked(
+            edits.get("masked", lambda m: m)).unmask(edits.get("unmask", lambda m: m))
+
+    def exact(self, total, users=None):
+        rows = [i for i, u in enumerate(self.clients) if users is None or u in users]
+        return np.array_equal(np.asarray(total), self.x[rows].sum(0).astype(np.uint64) & np.uint64(
+            2 ** self.params.bits - 1))
+
+
+def _aborts_or_exact(inst, **edits):
+    """None when the instance aborts with SecAggAbort or sums exactly; else the wrong sum it returned."""
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort
+    try:
+        total = inst.run(**edits)
+    except SecAggAbort:
+        return None
+    return None if inst.exact(total, inst.server.u3) else total.tolist()
+
+
+def test_secagg_honest_instances_sum_exactly():  # held
+    for seed in range(3):
+        inst = _Instance(seed)
+        assert inst.exact(inst.run())
+
+
+@pytest.mark.parametrize("stage, sender", [("shares", 1), ("unmask", 2)])
+def test_secagg_a_message_replayed_from_an_earlier_instance_aborts(stage, sender):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort
+    old = _Instance(seed=1)
+    old.run()
+    with pytest.raises(SecAggAbort):
+        _Instance(seed=2).run(**{stage: lambda m: {**m, sender: old.msgs[stage][sender]}})
+
+
+@F_(4, "a masked input replayed from an earlier protocol instance, or sent under a dropped user's id, is summed "
+       "without a word: the server returns a wrong sum (masked inputs are bound to neither the instance nor the "
+       "sender; the honest-but-curious protocol of Figure 4, without its active variant)")
+@pytest.mark.parametrize("edit", ["replayed from an earlier instance", "one answers for a dropped one"])
+def test_secagg_a_masked_input_replayed_or_answered_for_another_is_not_a_silent_wrong_sum(edit):
+    old = _Instance(seed=1)
+    old.run()
+
+    def change(m):
+        if edit == "replayed from an earlier instance":
+            return {**m, 1: old.msgs["masked"][1]}
+        return {u: (m[1] if u == 2 else y) for u, y in m.items() if u != 1}
+    assert _aborts_or_exact(_Instance(seed=2), masked=change) is None
+
+
+def test_secagg_masked_inputs_swapped_between_two_clients_sum_exactly():  # held
+    assert _aborts_or_exact(_Instance(seed=3), masked=lambda m: {**m, 1: m[2], 2: m[1]}) is None
+
+
+@F_(5, "a SecAggServer that starts a second instance (collect_keys again) keeps the first instance's U2, U3, masked "
+       "inputs and commitments: the first instance's Unmasking messages, replayed, return its sum as the new one's")
+def test_secagg_a_server_reused_for_a_second_instance_refuses_the_first_ones_unmasking():
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort
+    first = _Instance(seed=4)
+    first.run()
+    second = _Instance(seed=5)
+    second.server = first.server  # the same server object starts a new instance: AdvertiseKeys again
+    second.keys()
+    with pytest.raises(SecAggAbort):
+        total = first.server.unmask(first.msgs["unmask"])  # the earlier instance's Unmasking, replayed
+        assert not first.exact(total), "the earlier instance's sum handed out as this instance's"
+
+
+def test_secagg_a_client_asked_to_advertise_again_mid_instance_aborts_or_sums_exactly():  # held (aborts)
+    inst = _Instance(seed=6).keys().shares()
+    inst.clients[0].advertise_keys()  # the server asks AdvertiseKeys again (a retry); the answer is discarded
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort
+    with pytest.raises(SecAggAbort, match="client 0"):
+        inst.masked().unmask()
+
+
+@pytest.mark.parametrize("bits", [20, 12, 63])
+def test_secagg_masked_elements_past_the_modulus_abort_or_sum_exactly(bits):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import wire_dtype
+    dtype = wire_dtype(bits)
+
+    def widen(m):
+        y = np.frombuffer(m[1], dtype=dtype).astype(np.uint64) | np.uint64(1 << bits)  # a bit above the field
+        return {**m, 1: y.astype(dtype).tobytes()}
+    x = np.arange(20, dtype=np.int64).reshape(4, 5) % 4
+    assert _aborts_or_exact(_Instance(seed=7, x=x, bits=bits), masked=widen) is None
+
+
+@pytest.mark.parametrize("edit", ["shares of another pair", "b share for an s share", "own b share twice"])
+def test_secagg_unmasking_shares_for_the_wrong_pair_abort_naming_a_client(edit):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import _ID, SecAggAbort
+
+    def records(data):
+        out, o = [], 0
+        while o < len(data):
+            size = 16 if data[o + 4] == 0 else 32
+            out.append(data[o:o + 5 + size])
+            o += 5 + size
+        return out
+
+    def change(m):
+        recs = records(m[0])
+        if edit == "shares of another pair":
+            recs = [recs[0], recs[2][:4] + recs[1][4:], recs[1][:4] + recs[2][4:], *recs[3:]]
+        elif edit == "b share for an s share":
+            recs = [r[:4] + b"\0" + r[5:21] if r[4] == 1 else r for r in recs]
+        else:
+            recs = [recs[0], _ID.pack(1) + recs[0][4:], *recs[2:]]
+        return {**m, 0: b"".join(recs)}
+    inst = _Instance(seed=8)
+    inst.keys().shares().masked(who=[0, 1, 2])  # user 3 drops before its masked input: s^SK shares are sent
+    with pytest.raises(SecAggAbort, match="client"):
+        inst.unmask(change)
+
+
+def test_secagg_share_ciphertexts_swapped_between_holders_abort_naming_the_sender():  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import COMMIT_BYTES, NONCE_BYTES, _SHARE_CT, SecAggAbort
+    width = 4 + NONCE_BYTES + _SHARE_CT
+
+    def swap(m):
+        body = m[1][COMMIT_BYTES:]
+        recs = [body[i:i + width] for i in range(0, len(body), width)]
+        recs[0], recs[1] = recs[0][:4] + recs[1][4:], recs[1][:4] + recs[0][4:]
+        return {**m, 1: m[1][:COMMIT_BYTES] + b"".join(recs)}
+    with pytest.raises(SecAggAbort, match="1"):
+        _Instance(seed=9).run(shares=swap)
+
+
+@pytest.mark.parametrize("dropouts", [{"unmasking": [7]}, {"masked_input": [0, 0]},
+                                      {"share_keys": [99], "unmasking": [0]}, np.array([2 ** 32 - 1])], ids=["after masked input", "repeated", "two stages", "array"])
+def test_secagg_dropouts_at_any_stage_sum_exactly_over_the_survivors(dropouts):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import run_protocol
+    x = np.arange(25, dtype=np.int64).reshape(5, 5)
+    res = run_protocol(x, 3, dropouts=dropouts, ids=[10, 2 ** 32 - 1, 0, 7, 99])
+    ids = [10, 2 ** 32 - 1, 0, 7, 99]
+    assert np.array_equal(res.sum, x[[ids.index(u) for u in res.included]].sum(0).astype(np.uint64))
+
+
+@pytest.mark.parametrize("stage", ["share_keys", "masked_input", "unmasking"])
+def test_secagg_too_few_survivors_at_any_stage_abort_naming_the_threshold(stage):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort, run_protocol
+    with pytest.raises(SecAggAbort, match="t=3"):
+        run_protocol(np.ones((4, 3), np.int64), 3, dropouts={stage: [0, 1]})
