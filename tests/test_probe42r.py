@@ -779,3 +779,90 @@ def test_a_checkpoint_with_hostile_sampling_tests_is_a_named_error(fed10, tmp_pa
         assert "c.pt" in str(e) or "checkpoint" in str(e), str(e)
     else:
         pytest.fail("resumed from a checkpoint whose sampling-test state is not one")
+
+
+# ================================================================================ (7) a parallel worker killed
+class _BrokenPool:
+    """A process pool whose worker was killed (the OOM killer): every future fails with BrokenProcessPool, as
+    concurrent.futures reports it (checked by hand with `reproduce --all -j 2` and kill -9 of one worker)."""
+
+    def __init__(self, *a, **k):
+        pass
+
+    def submit(self, fn, *a, **k):
+        from concurrent.futures import Future
+        from concurrent.futures.process import BrokenProcessPool
+        f = Future()
+        f.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly while the future "
+                                          "was running or pending."))
+        return f
+
+    def shutdown(self, *a, **k):
+        pass
+
+
+@F_(9, "reproduce -j 2 whose worker process is killed (the OOM killer) ends in a BrokenProcessPool traceback: no "
+       "line per paper, no summary, and the other papers in flight are lost with it")
+def test_reproduce_in_parallel_with_a_worker_killed_is_one_line_per_paper(tmp_path, monkeypatch):
+    import concurrent.futures
+    root = root_copy(tmp_path)
+    _second_paper(root)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _BrokenPool)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "reproduce", "--all", "-j", "2"])
+    assert rc == 1 and "Traceback" not in err, (rc, err)
+    assert "tiny" in err and "tiny2" in err
+
+
+# ================================================================================ (7) more refused writes
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EDQUOT, errno.EACCES])
+def test_a_lock_that_cannot_be_created_is_one_line_with_advice(tmp_path, monkeypatch, code):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    real = os.open
+
+    def refuse(path, flags, *a, **kw):
+        if str(path).endswith(".lock"):
+            raise OSError(code, os.strerror(code), str(path))
+        return real(path, flags, *a, **kw)
+    monkeypatch.setattr(os, "open", refuse)
+    for cmd in (["reproduce", "tiny", "--force"], ["run", "tiny"]):
+        rc, out, err = cli(["--root", root, "--results", results, *cmd])
+        one_line_error(rc, err)
+        assert "tiny.lock" in err and os.strerror(code) in err, err
+    monkeypatch.setattr(os, "open", real)
+    assert _snapshot(results) == before
+
+
+@pytest.mark.parametrize("what", ["runs is a file", "runs is a dangling link"])
+def test_a_runs_folder_that_is_not_a_folder_is_one_line(tmp_path, monkeypatch, what):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    if what == "runs is a file":
+        (results / "runs").write_text("x")
+    else:
+        (results / "runs").symlink_to(tmp_path / "nowhere")
+    rc, out, err = cli(["--root", root, "--results", results, "run", "tiny"])
+    one_line_error(rc, err)
+    assert "runs" in err and not (tmp_path / "nowhere").exists()
+
+
+def test_a_killed_runs_staging_folder_is_cleared_by_the_next_run_and_never_listed(tmp_path, monkeypatch):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    left = results / ".tiny-smoke.abcd1234.running"
+    (left / "tiny-smoke").mkdir(parents=True)
+    (left / "tiny-smoke.json").write_text(json.dumps({"paper": "tiny", "scale": "smoke", "verdict": "reproduced"}))
+    rc, out, err = cli(["--root", root, "--results", results, "list"])
+    assert rc == 0 and "running" not in out + err
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    assert rc == 0 and not left.exists(), (rc, err)
+
+
+def test_a_kill_between_two_runs_of_other_scales_keeps_both_results(tmp_path, monkeypatch):  # held
+    root, results, smoke = _first_result(tmp_path, monkeypatch)
+    assert cli(["--root", root, "--results", results, "reproduce", "tiny", "--scale", "paper"])[0] == 0
+    before = _snapshot(results)
+    _stand_in(monkeypatch, during=lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    for scale in ("smoke", "paper"):
+        rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--scale", scale, "--force"])
+        assert rc == 130
+    assert _snapshot(results) == before
+    rc, out, err = cli(["--root", root, "--results", results, "list"])
+    assert rc == 0 and "smoke" in out and "paper" in out, out
