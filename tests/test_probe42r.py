@@ -866,3 +866,28 @@ def test_a_kill_between_two_runs_of_other_scales_keeps_both_results(tmp_path, mo
     assert _snapshot(results) == before
     rc, out, err = cli(["--root", root, "--results", results, "list"])
     assert rc == 0 and "smoke" in out and "paper" in out, out
+
+
+# ================================================================================ (5)/(8) the claims file's notebook
+@F_(10, "`fedlab-nb run` with stderr not a terminal (a log, CI) announces `running <notebook> into <folder>` with the "
+        "claims file's notebook path printed raw: an escape sequence in its file name reaches the log")
+def test_run_announces_a_notebook_named_with_escapes_without_them(tmp_path, monkeypatch):
+    from probes import clean
+    root = root_copy(tmp_path, lambda t: t.replace("notebook: notebooks/tiny.ipynb",
+                                                   'notebook: "notebooks/ev\\e[2Jil\\u202e.ipynb"'))
+    (root / "notebooks" / "tiny.ipynb").rename(root / "notebooks" / "ev\x1b[2Jil\u202e.ipynb")
+    _stand_in(monkeypatch)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "run", "tiny"])
+    assert rc == 0 and clean(out + err), repr(err)
+
+
+@pytest.mark.parametrize("value", ['"notebooks/a\\0b.ipynb"', '"notebooks/' + "a" * 5000 + '.ipynb"',
+                                   '"' + "/".join(["abcdefgh"] * 600) + '.ipynb"', '"notebooks"', '"."', "[a, b]",
+                                   '"notebooks/fifo.ipynb"'],
+                         ids=["NUL", "long name", "long path", "a folder", "dot", "a list", "a FIFO"])
+def test_a_hostile_notebook_field_is_one_line_for_every_command(tmp_path, value):  # held
+    root = root_copy(tmp_path, lambda t: t.replace("notebook: notebooks/tiny.ipynb", f"notebook: {value}"))
+    os.mkfifo(root / "notebooks" / "fifo.ipynb")
+    for cmd in (["list"], ["params", "tiny"], ["run", "tiny"], ["reproduce", "--all", "-j", "1"]):
+        rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *cmd])
+        assert rc in (0, 1) and "Traceback" not in err and len(err.strip().splitlines()) <= 2, (cmd, rc, err)
