@@ -891,3 +891,54 @@ def test_a_hostile_notebook_field_is_one_line_for_every_command(tmp_path, value)
     for cmd in (["list"], ["params", "tiny"], ["run", "tiny"], ["reproduce", "--all", "-j", "1"]):
         rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *cmd])
         assert rc in (0, 1) and "Traceback" not in err and len(err.strip().splitlines()) <= 2, (cmd, rc, err)
+
+
+# ================================================================================ (3) the results folder itself a link
+@F_(11, "an explicit --results that is a symbolic link to a folder (results on a scratch disk) is refused by run, "
+        "reproduce, report and lab, while the same folder through a linked parent is taken: links inside the "
+        "results folder are the risk, not the folder the user names")
+def test_an_explicit_results_folder_reached_through_a_link_is_written(tmp_path, monkeypatch):
+    root = root_copy(tmp_path)
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "res").symlink_to(tmp_path / "scratch", target_is_directory=True)
+    _stand_in(monkeypatch)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "reproduce", "tiny"])
+    assert rc == 0 and (tmp_path / "scratch" / "tiny-smoke.json").is_file(), (rc, err)
+
+
+def test_a_results_folder_under_a_linked_parent_is_written(tmp_path, monkeypatch):  # held
+    root = root_copy(tmp_path)
+    (tmp_path / "scratch" / "res").mkdir(parents=True)
+    (tmp_path / "disk").symlink_to(tmp_path / "scratch", target_is_directory=True)
+    _stand_in(monkeypatch)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "disk" / "res", "reproduce", "tiny"])
+    assert rc == 0 and (tmp_path / "scratch" / "res" / "tiny-smoke.json").is_file(), (rc, err)
+
+
+# ================================================================================ (6) Flower replies, more variants
+def _flower_replies(s, which):
+    from types import SimpleNamespace
+
+    from probes import flower_reply
+    n = s.theta.numel()
+    if which == "2-D delta":
+        return [flower_reply(s, 0, np.full((1, n), 0.01, np.float32)), flower_reply(s, 1)]
+    if which == "int32 delta":
+        return [flower_reply(s, 0, np.zeros(n, np.int32)), flower_reply(s, 1)]
+    if which in ("unknown node", "one node for two clients"):
+        r = flower_reply(s, 0 if which == "unknown node" else 1)
+        r.metadata = SimpleNamespace(src_node_id=999 if which == "unknown node" else 100)
+        return [r, flower_reply(s, 1 if which == "unknown node" else 0)]
+    over = {"steps -1": {"steps": -1}, "bytes-up nan": {"bytes-up": float("nan")}, "extra metric": {"evil": "\x1b[2J"},
+            "numpy id": {"client-id": np.int64(0)}}[which]
+    return [flower_reply(s, 0, **over), flower_reply(s, 1)]
+
+
+@pytest.mark.parametrize("which", ["2-D delta", "int32 delta", "unknown node", "one node for two clients", "steps -1",
+                                   "bytes-up nan", "extra metric", "numpy id"])
+def test_flower_replies_of_other_shapes_and_senders_are_refused_naming_a_client(fed10, which):  # held
+    from probes import clean, flower_strategy
+    s = flower_strategy(fed10)
+    with pytest.raises(ValueError, match=r"client|node") as e:
+        s.aggregate_train(1, _flower_replies(s, which))
+    assert clean(str(e.value))
