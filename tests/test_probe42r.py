@@ -942,3 +942,30 @@ def test_flower_replies_of_other_shapes_and_senders_are_refused_naming_a_client(
     with pytest.raises(ValueError, match=r"client|node") as e:
         s.aggregate_train(1, _flower_replies(s, which))
     assert clean(str(e.value))
+
+
+@pytest.mark.parametrize("stage", ["roster", "inbox", "survivors"])
+@pytest.mark.parametrize("edit", ["a record repeated", "a stranger's record", "empty"])
+def test_secagg_server_messages_with_repeated_or_foreign_records_abort_in_the_client(stage, edit):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import _ID, SecAggAbort
+    inst = _Instance(seed=10).keys()
+    width = {"roster": 4 + 64, "inbox": None, "survivors": 4}
+
+    def tamper(message):
+        w = width[stage] or len(message) // 3  # an inbox holds the 3 other users' records
+        recs = [message[i:i + w] for i in range(0, len(message), w)]
+        if edit == "a record repeated":
+            recs.append(recs[0])
+        elif edit == "a stranger's record":
+            recs[-1] = _ID.pack(77) + recs[-1][4:]
+        else:
+            recs = []
+        return b"".join(recs)
+    with pytest.raises(SecAggAbort, match="client 0"):
+        if stage == "roster":
+            inst.clients[0].share_keys(tamper(inst.down["keys"]))
+        inst.shares()
+        if stage == "inbox":
+            inst.clients[0].masked_input(tamper(inst.down["shares"][0]))
+        inst.masked()
+        inst.clients[0].unmask(tamper(inst.down["masked"]))
