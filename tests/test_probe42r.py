@@ -969,3 +969,57 @@ def test_secagg_server_messages_with_repeated_or_foreign_records_abort_in_the_cl
             inst.clients[0].masked_input(tamper(inst.down["shares"][0]))
         inst.masked()
         inst.clients[0].unmask(tamper(inst.down["masked"]))
+
+
+# ================================================================================ (7) Ctrl-C in the other writers
+def _interrupt_on(name, real):
+    """os.replace interrupted (Ctrl-C) when it would put a file named `name` in place."""
+    def replace(src, dst, *a, **k):
+        if Path(dst).name == name:
+            raise KeyboardInterrupt
+        return real(src, dst, *a, **k)
+    return replace
+
+
+@pytest.mark.parametrize("name", ["REPORT.md", "index.html"])
+def test_ctrl_c_while_report_writes_leaves_no_temporary_file_and_exits_130(tmp_path, monkeypatch, name):  # held
+    from fedlab_nb.repro import files
+    root, results, _ = _first_result(tmp_path, monkeypatch)
+    assert cli(["--root", root, "--results", results, "report"])[0] == 0
+    before = (results / "index.html").read_bytes()
+    real = os.replace
+    monkeypatch.setattr(os, "replace", _interrupt_on(name, real))
+    rc, out, err = cli(["--root", root, "--results", results, "report"])
+    monkeypatch.setattr(os, "replace", real)
+    assert rc == 130 and "Traceback" not in err
+    assert not [p.name for p in results.iterdir() if p.name.endswith(".tmp")]
+    assert (results / "index.html").read_bytes() == before
+    assert files.write_atomic  # the writer itself untouched
+
+
+def test_ctrl_c_while_lab_copies_keeps_the_copies_whole(tmp_path, monkeypatch):  # held
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    (root / "notebooks" / "second.ipynb").write_bytes((root / "notebooks" / "tiny.ipynb").read_bytes())
+    assert cli(["--root", root, "--results", results, "lab", "--dry-run"])[0] == 0
+    (results / "lab" / "second.ipynb").write_text("my edits")
+    real = os.replace
+    monkeypatch.setattr(os, "replace", _interrupt_on("tiny.ipynb", real))
+    rc, out, err = cli(["--root", root, "--results", results, "lab", "--dry-run", "--fresh"])
+    monkeypatch.setattr(os, "replace", real)
+    assert rc == 130
+    assert sorted(p.name for p in (results / "lab").iterdir()) == ["second.ipynb", "tiny.ipynb"]
+    assert (results / "lab" / "second.ipynb").read_text() in ("my edits", (root / "notebooks" / "second.ipynb")
+                                                              .read_text())
+
+
+def test_a_full_disk_while_history_saves_its_rows_keeps_the_old_pair(tmp_path, monkeypatch):  # held
+    import pandas as pd
+
+    from fedlab_nb.core import history as H
+    path = tmp_path / "run.csv"
+    H.History(pd.DataFrame({"round": [0, 1], "accuracy": [0.1, 0.2]})).save(path)
+    before = (path.read_bytes(), path.with_suffix(".json").read_bytes())
+    monkeypatch.setattr(H, "_write_atomic", _full_for("run.csv", H._write_atomic))
+    with pytest.raises(OSError):
+        H.History(pd.DataFrame({"round": [0], "accuracy": [0.3]})).save(path)
+    assert (path.read_bytes(), path.with_suffix(".json").read_bytes()) == before
