@@ -245,22 +245,30 @@ KILL = textwrap.dedent("""
         (run_dir / "metrics.json").write_text(json.dumps({{"value": 0.7, "double": 1.4}}))
         Path(executed).write_text("{{}}")
     papermill.execute_notebook = execute
-    real = files._set_aside
+    real_aside, real_replace = files._set_aside, os.replace
 
     def aside(final, old):  # SIGKILL (the OOM killer, a power cut) right after the old figures are set aside
-        real(final, old)
-        os.kill(os.getpid(), signal.SIGKILL)
-    files._set_aside = aside
+        real_aside(final, old)
+        if {point!r} == "set aside":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def replace(src, dst):  # ... or right after the new figures folder is in place
+        real_replace(src, dst)
+        if {point!r} == "new figures in" and Path(dst) == Path({results!r}) / "tiny-smoke":
+            os.kill(os.getpid(), signal.SIGKILL)
+    files._set_aside, os.replace = aside, replace
     cli(["--root", {root!r}, "--results", {results!r}, "reproduce", "tiny", "--force"])
 """)
 
 
 @F_(1, "a run killed (SIGKILL, power cut) while it publishes leaves the old result listed and on the board with its "
-       "figures folder moved into the hidden .running folder, which the next run of the paper deletes")
-def test_a_run_killed_while_it_publishes_keeps_the_old_figures_beside_the_old_result(tmp_path, monkeypatch):
+       "figures folder moved into the hidden .running folder (which the next run of the paper deletes), or with the "
+       "killed run's figures under the old verdicts")
+@pytest.mark.parametrize("point", ["set aside", "new figures in"])
+def test_a_run_killed_while_it_publishes_keeps_the_old_figures_beside_the_old_result(tmp_path, monkeypatch, point):
     root, results, before = _first_result(tmp_path, monkeypatch)
     here = Path(__file__).resolve().parent
-    code = KILL.format(repo=str(here.parent), tests=str(here), root=str(root), results=str(results))
+    code = KILL.format(repo=str(here.parent), tests=str(here), root=str(root), results=str(results), point=point)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"})
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
