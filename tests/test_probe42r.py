@@ -1031,3 +1031,55 @@ def test_a_full_disk_while_history_saves_its_rows_keeps_the_old_pair(tmp_path, m
     with pytest.raises(OSError):
         H.History(pd.DataFrame({"round": [0], "accuracy": [0.3]})).save(path)
     assert (path.read_bytes(), path.with_suffix(".json").read_bytes()) == before
+
+
+# ================================================================================ (7) the paper-scale store
+def _stored(tmp_path, monkeypatch):
+    """(the store module, root, results, {stored file: bytes}) after one paper-scale result of tiny was stored."""
+    from probes import REPO, script
+    store = script(REPO / "scripts" / "paper_scale.py")
+    root, results, _ = _first_result(tmp_path, monkeypatch, "--scale", "paper")
+    store.store("tiny", results, root)
+    kept = {str(p.relative_to(root)): p.read_bytes() for p in (root / "papers" / "paper_scale").rglob("*")
+            if p.is_file()}
+    return store, root, results, kept
+
+
+@pytest.mark.parametrize("where", ["a figure copy", "the JSON"])
+def test_a_full_disk_while_storing_a_paper_scale_result_keeps_the_stored_one(tmp_path, monkeypatch, where):  # held
+    import shutil
+    store, root, results, kept = _stored(tmp_path, monkeypatch)
+    if where == "a figure copy":
+        monkeypatch.setattr(shutil, "copy2", _full)
+    else:
+        monkeypatch.setattr(store, "_write_temporary", _full)
+    with pytest.raises(SystemExit) as e:
+        store.store("tiny", results, root)
+    monkeypatch.undo()
+    assert "nothing stored" in str(e.value) and len(str(e.value).splitlines()) == 1
+    now = {str(p.relative_to(root)): p.read_bytes() for p in (root / "papers" / "paper_scale").rglob("*")
+           if p.is_file()}
+    assert now == kept
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_an_interrupt_at_each_rename_of_the_store_keeps_a_whole_stored_result(tmp_path, monkeypatch, k):  # held
+    import pathlib
+    store, root, results, kept = _stored(tmp_path, monkeypatch)
+    calls, real_rename, real_replace = [], pathlib.Path.rename, os.replace
+
+    def counted(real):
+        def step(*a):
+            calls.append(a)
+            if len(calls) == k:
+                raise KeyboardInterrupt
+            return real(*a)
+        return step
+    monkeypatch.setattr(pathlib.Path, "rename", counted(real_rename))
+    monkeypatch.setattr(os, "replace", counted(real_replace))
+    with pytest.raises(KeyboardInterrupt):
+        store.store("tiny", results, root)
+    monkeypatch.undo()
+    now = {str(p.relative_to(root)): p.read_bytes() for p in (root / "papers" / "paper_scale").rglob("*")
+           if p.is_file()}
+    assert now == kept
