@@ -1083,3 +1083,27 @@ def test_an_interrupt_at_each_rename_of_the_store_keeps_a_whole_stored_result(tm
     now = {str(p.relative_to(root)): p.read_bytes() for p in (root / "papers" / "paper_scale").rglob("*")
            if p.is_file()}
     assert now == kept
+
+
+# ================================================================================ (4)/(8) claims-file YAML, variants
+YAML_EDITS = {
+    "python tag": lambda t: t.replace("method: ", "x: !!python/object/apply:os.system ['echo PWNED']\nmethod: ", 1),
+    "merge key": lambda t: t.replace("scales:\n  smoke: {", "defaults: &d {device: cpu}\nscales:\n  smoke: {<<: *d, ",
+                                     1),
+    "complex key": lambda t: t.replace("method: ", "? [a, b]\n: 1\nmethod: ", 1),
+    "date id": lambda t: t.replace("id: tiny\n", "id: 2024-01-01\n", 1),
+    "null scale": lambda t: t.replace("  smoke: {", "  ~: {parameters: {}}\n  smoke: {", 1),
+    "deep parameters": lambda t: t.replace("parameters: {n_points: 4}", "parameters: {n_points: " + "[" * 5000
+                                           + "]" * 5000 + "}", 1),
+    "10 MB string": lambda t: t.replace("method: ", "x: '" + "a" * 10_000_000 + "'\nmethod: ", 1),
+}
+
+
+@pytest.mark.parametrize("edit", list(YAML_EDITS), ids=list(YAML_EDITS))
+def test_a_hostile_claims_file_is_one_line_and_runs_nothing(tmp_path, edit):  # held
+    root = root_copy(tmp_path, YAML_EDITS[edit])
+    for cmd in (["list"], ["params", "tiny"], ["run", "tiny"]):
+        rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *cmd])
+        assert rc == 1 and "Traceback" not in err and "PWNED" not in out + err, (cmd, rc, err[-300:])
+        assert "tiny.yaml" in out + err
+    assert not (tmp_path / "res").exists() or not list((tmp_path / "res").rglob("*.ipynb"))
