@@ -1107,3 +1107,21 @@ def test_a_hostile_claims_file_is_one_line_and_runs_nothing(tmp_path, edit):  # 
         assert rc == 1 and "Traceback" not in err and "PWNED" not in out + err, (cmd, rc, err[-300:])
         assert "tiny.yaml" in out + err
     assert not (tmp_path / "res").exists() or not list((tmp_path / "res").rglob("*.ipynb"))
+
+
+# ================================================================================ (7) a kernel that never starts
+@F_(12, "reproduce whose kernel never starts writes an ERROR result whose `notebook` names <id>-<scale>.ipynb, which "
+        "is still the earlier successful run's executed notebook (nothing replaced it): the error points at a "
+        "notebook with no traceback from another run (run_notebook says notebook None here)")
+def test_a_reproduce_whose_kernel_never_starts_names_no_earlier_notebook(tmp_path, monkeypatch):
+    import papermill
+    root, results, before = _first_result(tmp_path, monkeypatch)
+
+    def no_kernel(*a, **k):
+        raise RuntimeError("Kernel died before replying to kernel_info")
+    monkeypatch.setattr(papermill, "execute_notebook", no_kernel)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    assert rc == 1 and "Traceback" not in err
+    result = json.loads((results / "tiny-smoke.json").read_text())
+    named = result["notebook"] and (results / result["notebook"]).read_bytes()
+    assert result["verdict"] == "error" and named in (None, False, b""), (result["notebook"], named)
