@@ -1125,3 +1125,22 @@ def test_a_reproduce_whose_kernel_never_starts_names_no_earlier_notebook(tmp_pat
     result = json.loads((results / "tiny-smoke.json").read_text())
     named = result["notebook"] and (results / result["notebook"]).read_bytes()
     assert result["verdict"] == "error" and named in (None, False, b""), (result["notebook"], named)
+
+
+# ================================================================================ (7) a results folder without locks
+@F_(13, "a results folder on a file system without flock (ENOLCK, EOPNOTSUPP: some NFS, SMB, sshfs mounts) refuses "
+        "every run and reproduce with `the operating system refused a file operation ... check that path (its name, "
+        "length and folder)`: the lock is not named, the advice does not help, and tiny.lock is left behind")
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_results_folder_without_locks_is_one_line_naming_the_lock(tmp_path, monkeypatch, code):
+    import fcntl
+    root = root_copy(tmp_path)
+    _stand_in(monkeypatch)
+
+    def no_locks(fd, operation):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "reproduce", "tiny"])
+    one_line_error(rc, err)
+    assert "lock" in err and "check that path (its name, length and folder)" not in err, err
+    assert not (tmp_path / "res" / "tiny.lock").exists()
