@@ -1144,3 +1144,19 @@ def test_a_results_folder_without_locks_is_one_line_naming_the_lock(tmp_path, mo
     one_line_error(rc, err)
     assert "lock" in err and "check that path (its name, length and folder)" not in err, err
     assert not (tmp_path / "res" / "tiny.lock").exists()
+
+
+# ================================================================================ (6) a secure sum of zero weight
+@F_(14, "secure aggregation whose round's clients all have client_sizes 0 divides 0 by 0 (a numpy RuntimeWarning) "
+        "and ends in NonFiniteUpdateError blaming 'a step size or an exponent too large'; the Flower adapter refuses "
+        "the same round (num-examples = 0) naming the clients")
+def test_secagg_a_round_of_zero_total_weight_is_refused_naming_client_sizes(fed10):
+    import warnings
+
+    import fedlab_nb as fl
+    from fedlab_nb.methods.privacy.secure_aggregation import secure_fedavg
+    from probes import KW
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ValueError, match="client_sizes|num-examples|weight"):
+            fl.simulate(secure_fedavg(client_sizes=[0] * 10), fed10, rounds=1, clients_per_round=3, seed=0, **KW)
