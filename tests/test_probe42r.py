@@ -1160,3 +1160,19 @@ def test_secagg_a_round_of_zero_total_weight_is_refused_naming_client_sizes(fed1
         warnings.simplefilter("error", RuntimeWarning)
         with pytest.raises(ValueError, match="client_sizes|num-examples|weight"):
             fl.simulate(secure_fedavg(client_sizes=[0] * 10), fed10, rounds=1, clients_per_round=3, seed=0, **KW)
+
+
+# ================================================================================ (1) DP runs at the smallest federations
+@pytest.mark.parametrize("K, q, sampling", [(2, 0.5, "fixed"), (2, 0.05, "poisson"), (3, 0.999, "poisson")])
+def test_dp_runs_on_two_or_three_clients_release_noise_every_round_and_finite_epsilon(K, q, sampling):  # held
+    import torch
+
+    import fedlab_nb as fl
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    from probes import trace
+    fed = fl.federate("digits", "iid", n_clients=K, seed=0)
+    method, sampler = dp_fedavg_with_sampler(fed, noise_multiplier=1.0, clip_norm=1.0, sampling_rate=q,
+                                             sampling=sampling)
+    h, thetas = trace(method, fed, sampler, 12)
+    assert all(not torch.equal(a, b) for a, b in zip(thetas, thetas[1:]))
+    assert np.isfinite(h["epsilon"]).all() and (np.diff(h["epsilon"]) > 0).all()
