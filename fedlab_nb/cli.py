@@ -152,9 +152,11 @@ def _results(args, root: Path, write: bool = False) -> Path:
     """The results folder, absolute (a relative --results or $FEDLAB_NB_RESULTS is the caller's); refused when
     it is a file, and with `write` created and checked writable, each with a one-line error naming the fix."""
     # '~/res' quoted in $FEDLAB_NB_RESULTS reaches us unexpanded: it means the home folder, not a folder named '~'
-    path = user_path(args.results or os.environ.get("FEDLAB_NB_RESULTS") or root / "results",
-                      "--results" if args.results else "$FEDLAB_NB_RESULTS").absolute()
+    given = args.results or os.environ.get("FEDLAB_NB_RESULTS")
+    path = user_path(given or root / "results", "--results" if args.results else "$FEDLAB_NB_RESULTS").absolute()
     try:
+        if given and path.is_symlink() and path.is_dir():  # the folder the user named (a scratch disk): its target
+            path = Path(os.path.realpath(path))           # — links inside it are still never written through
         is_file = path.exists() and not path.is_dir()
     except OSError as e:  # ENAMETOOLONG, EACCES on a parent ...
         raise UsageError(f"--results {printable(str(path), 120)} cannot be used ({e.strerror or e}); give --results "
@@ -402,7 +404,7 @@ def cmd_params(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
     root = _root(args)
     if args.all == bool(args.papers):
@@ -424,7 +426,7 @@ def cmd_reproduce(args) -> int:
     else:  # each notebook's kernel is its own process; a worker process per notebook keeps their environments apart
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # the kernels inherit it: one thread each, cores not oversubscribed
         pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
-        done = (f.result() for f in as_completed([pool.submit(_reproduce_paper, pid, opts) for pid in ids]))
+        done = _pooled(pool, ids, opts)
     for n, (pid, code, out, err) in enumerate(done, 1):
         prefix = f"[{n}/{len(ids)}] " if len(ids) > 1 else ""
         print(prefix + "\n".join(map(printable, out)), flush=True) if out else None  # a skipped run's lines come from
@@ -438,6 +440,22 @@ def cmd_reproduce(args) -> int:
     if failed and len(ids) > 1:
         print(f"{len(failed)} of {len(ids)} papers could not be reproduced: {', '.join(failed)}", file=sys.stderr)
     return status
+
+
+def _pooled(pool, ids, opts):
+    """Each paper's (id, status, stdout, stderr) as its worker finishes; a worker process that died (killed, out of
+    memory) takes the pool with it: each paper left in it gets one line, not a traceback."""
+    from concurrent.futures import as_completed
+    from concurrent.futures.process import BrokenProcessPool
+    futures = {pool.submit(_reproduce_paper, pid, opts): pid for pid in ids}
+    for f in as_completed(futures):
+        try:
+            yield f.result()
+        except BrokenProcessPool:
+            pid = futures[f]
+            yield pid, 1, [], [f"{pid} ({opts['scale']}): ERROR — a worker process of this parallel run died (killed, "
+                               "or out of memory) before it finished; its earlier result, if any, is kept: run it "
+                               f"again, e.g. fedlab-nb reproduce {pid} -j 1"]
 
 
 def _reproduce_paper(pid: str, opts: dict) -> tuple:

@@ -105,9 +105,9 @@ def declared(sampler, q, sampling="poisson"):
     return sampler
 
 
-def sampling_check_run(K, q, sampling, pick, rounds, seed=0, drawn=True):
+def sampling_check_run(K, q, sampling, pick, rounds, seed=0, drawn=False):
     """The round at which DPAggregate's sampling check refuses `pick` (1-based), or None when it never does;
-    `drawn`: the ids are the sampler's whole draws (the engine's case), else the clients left after drops."""
+    `drawn`: the ids are the sampler's whole draws (what the engine passes), not the clients left after drops."""
     from fedlab_nb.methods.privacy.dp import DPAggregate
     rule = DPAggregate(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=q, sampling=sampling)
     state, g = rule.init_state(torch.zeros(3), K), np.random.default_rng(seed)

@@ -72,7 +72,7 @@ def test_fair_samplers_are_never_refused(K, q, sampling, seed):
     m = round(q * K)
     pick = ((lambda r, K, g: np.flatnonzero(g.random(K) < q)) if sampling == "poisson"
             else (lambda r, K, g: g.choice(K, m, replace=False)))
-    assert run(K, q, sampling, pick, 1000, seed=seed) is None
+    assert run(K, q, sampling, pick, 1000, seed=seed, drawn=True) is None
 
 
 def test_a_fair_sampler_losing_stragglers_is_not_refused():
@@ -148,7 +148,7 @@ def _never_together(q):  # clients in pairs (2i, 2i+1): one of the two with prob
     (10, 0.07, lambda r, K, g: np.array([g.integers(K)]) if g.random() < 0.7 else np.array([], int), "poisson")],
     ids=["pairs never together", "one even and one odd client (fixed)", "at most one a round"])
 def test_draws_that_keep_clients_apart_or_cap_their_size_are_refused(K, q, pick, sampling):
-    assert run(K, q, sampling, pick, 3000) is not None
+    assert run(K, q, sampling, pick, 3000, drawn=True) is not None
 
 
 def _redraw_empty(q):  # "nobody sampled? draw again": never an empty round
@@ -161,7 +161,7 @@ def _redraw_empty(q):  # "nobody sampled? draw again": never an empty round
 
 
 def test_a_sampler_that_redraws_an_empty_round_is_refused():
-    assert run(10, 0.1, "poisson", _redraw_empty(0.1), 3000) is not None
+    assert run(10, 0.1, "poisson", _redraw_empty(0.1), 3000, drawn=True) is not None
 
 
 def test_fewer_clients_left_after_drops_are_not_judged_as_a_draw():

@@ -149,6 +149,14 @@ def run_lock(results_dir, paper_id: str, scale: str):
             os.close(fd)
             raise RunLockedError(f"another run of {paper_id} is writing into {Path(results_dir)} ({_holder(path)}); "
                                  f"wait for it to finish, or give --results another folder") from None
+        except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without locks (some NFS, SMB or sshfs mounts)
+            if os.fstat(fd).st_size == 0:  # the empty file this call made (nobody can hold a lock here)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            os.close(fd)
+            raise UnsafePathError(f"cannot lock {path} as {paper_id}'s run lock ({e.strerror or e}): the results "
+                                  "folder's file system does not support file locks, so two runs of a paper could "
+                                  "not be kept apart; give --results a folder on a local disk") from None
         if _same_file(fd, path):  # not unlinked by a run that finished between our open and our flock
             break
         os.close(fd)

@@ -286,7 +286,8 @@ def run_notebook(paper_id: str, scale: str = "smoke", parameters: dict | None = 
     refuse_link(folder / PARAMETERS_FILE)
     with run_lock(results, paper.id, scale), staging(folder, stem) as tmp:
         if progress == "lines":  # the parameters are valid and the lock is held: say what runs, and where
-            print(f"{paper.id} ({scale}): running {paper.notebook} into {folder}", file=sys.stderr, flush=True)
+            print(printable(f"{paper.id} ({scale}): running {paper.notebook} into {folder}"), file=sys.stderr,
+                  flush=True)
         write_parameters_file(tmp, paper, scale, params, defaults, dict(parameters or {}), device)
         run = _execute(paper, scale, params, tmp, progress)
         executed = (tmp / f"{stem}.ipynb").is_file()  # not when the kernel could not start
@@ -572,7 +573,9 @@ def judge_run(paper: Paper, scale: str, params: dict, defaults: dict, run: dict,
         "counts": role_counts(rows),
         "claims": rows, "report": report_values(paper, run["metrics"]), "metrics": run["metrics"],
         "error": run["error"],
-        "notebook": os.path.relpath(run["notebook"], out_dir) if run.get("notebook") else None,
+        # a kernel that never started wrote no notebook: the one in the results folder is an earlier run's
+        "notebook": os.path.relpath(run["notebook"], out_dir) if run.get("notebook") and Path(
+            run["notebook"]).is_file() else None,
         "figures": sorted(os.path.relpath(p, out_dir) for p in run_dir.glob("*.png")),
         "figure_data": sorted(os.path.relpath(p, out_dir) for p in run_dir.glob("*.data.json")),
         "parameters": params,

@@ -786,6 +786,10 @@ class SecureMean:
         if s is None:  # the protocol aborted (on_abort="skip"): no update
             return torch.zeros(updates.shape[1] - 1, dtype=info.theta.dtype, device=info.theta.device)
         total = int(s.fixed_point.signed(s.values[-1:])[0])
+        if total == 0:  # 0/0: every summed client holds no example
+            raise ValueError(f"secure aggregation: the clients summed this round ({sorted(int(k) for k in s.included)}) "
+                             "all have client_sizes 0, so their weighted mean is 0/0; give each client its number of "
+                             "examples (client_sizes=fed.sizes), at least one of them > 0 in every round")
         mean = s.fixed_point.dequantize(s.values[:-1], total)
         return torch.as_tensor(mean, dtype=info.theta.dtype, device=info.theta.device)
 
