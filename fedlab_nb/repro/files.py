@@ -230,8 +230,8 @@ def publish(folder: Path, out_dir, names) -> None:
             kind = "folder" if final.is_dir() else "file"
             raise UnsafePathError(f"{final} is a {kind} where fedlab-nb writes a {'file' if kind == 'folder' else 'folder'}"
                                   "; move it away")
-    journal = folder / JOURNAL
-    write_atomic(journal, json.dumps([final.name for _, final in moves]))  # what a killed publish must undo
+    journal = folder / JOURNAL  # what a killed publish must undo: each name and its new version's identity
+    write_atomic(journal, json.dumps([[final.name, *_identity(new)] for new, final in moves]))
     done = []   # (new, final, where final's old version is kept in `folder`), recorded before anything moves
     try:
         for new, final in moves:
@@ -288,24 +288,53 @@ def recover_publishes(out_dir) -> None:
 
 
 def _recover(folder: Path, out_dir: Path) -> bool:
-    """Undo the publish whose journal is in `folder` (call it holding the paper's lock); whether it did."""
-    journal = folder / JOURNAL
+    """Undo the publish whose journal is in `folder` (call it holding the paper's lock); whether it did. Only what
+    that publish moved is touched: a name whose file or folder is neither its new version (the identity the
+    journal recorded) nor its old one is left as it is, with the staging folder, so a journal planted in a
+    results folder someone hands over can delete nothing of its own choosing."""
+    journal, stem = folder / JOURNAL, folder.name[1:].rsplit(".", 2)[0]
     if folder.is_symlink() or not journal.is_file() or journal.is_symlink():
         return False
     try:
-        names = json.loads(journal.read_text()[:100_000])
+        entries = json.loads(journal.read_text()[:100_000])
     except (OSError, ValueError):
         return False
-    if not isinstance(names, list) or not all(_plain_name(n) for n in names):
+    if not isinstance(entries, list) or not all(_journal_entry(e, stem) for e in entries):
         return False  # not a journal this package wrote: nothing in it is followed, the folder is kept
-    _put_back([(folder / n, out_dir / n, folder / f"{n}.old") for n in names])
-    journal.unlink()
+    whole = all([_restore(folder, out_dir, name, (dev, ino)) for name, dev, ino in reversed(entries)])
+    if whole:
+        journal.unlink()
+    return whole
+
+
+def _restore(folder: Path, out_dir: Path, name: str, new_id: tuple) -> bool:
+    """Put `name`'s old version back over its new one; False when `out_dir/name` is something else."""
+    final, old, new = out_dir / name, folder / f"{name}.old", folder / name
+    if _identity(new) == new_id and not old.exists():  # the publish did not reach this name
+        return True
+    here = _identity(final)
+    if here is not None and here not in (new_id, _identity(old)):  # something else is there now: leave it
+        return False
+    if here == new_id:  # the new version moved in
+        shutil.rmtree(final) if stat.S_ISDIR(os.stat(final, follow_symlinks=False).st_mode) else final.unlink()
+    if old.exists():
+        os.replace(old, final)
     return True
 
 
-def _plain_name(name) -> bool:
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name \
-        and "\0" not in name
+def _identity(path: Path):
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _journal_entry(entry, stem: str) -> bool:
+    """[name, dev, ino] with a name of this staging folder's run: its stem, stem.<suffix> or parameters.json."""
+    return isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and all(
+        type(n) is int for n in entry[1:]) and "/" not in entry[0] and "\\" not in entry[0] and "\0" not in entry[0] \
+        and (entry[0] == stem or entry[0].startswith(stem + ".") or entry[0] == "parameters.json")
 
 
 def _why(e: BaseException) -> str:

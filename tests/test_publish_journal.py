@@ -1,0 +1,89 @@
+"""publish's journal (repro/files.py): a publish stopped at any step — killed, or unable to put the old versions
+back — is undone by the next reader under the paper's lock, and a journal that publish did not write (planted in
+a results folder someone hands over) makes it delete or move nothing."""
+import json
+import os
+
+import pytest
+
+from fedlab_nb.repro import files
+
+NAMES = ["p-smoke", "p-smoke.ipynb", "p-smoke.json"]
+
+
+def _results(tmp_path, version):
+    out = tmp_path / "results"
+    (out / "p-smoke").mkdir(parents=True, exist_ok=True)
+    (out / "p-smoke" / "fig.png").write_text(version)
+    (out / "p-smoke.ipynb").write_text(version)
+    (out / "p-smoke.json").write_text(version)
+    return out
+
+
+def _snapshot(out):
+    return {str(p.relative_to(out)): p.read_text() for p in sorted(out.rglob("*"))
+            if p.is_file() and not p.name.endswith(".lock") and not str(p.relative_to(out)).startswith(".")}
+
+
+def _staged(out, version):
+    stage = out / ".p-smoke.abc123.running"
+    (stage / "p-smoke").mkdir(parents=True)
+    (stage / "p-smoke" / "new.png").write_text(version)
+    (stage / "p-smoke.ipynb").write_text(version)
+    (stage / "p-smoke.json").write_text(version)
+    return stage
+
+
+@pytest.mark.parametrize("stop_at", range(1, 4))
+def test_a_publish_stopped_at_any_move_is_undone_by_the_next_reader(tmp_path, monkeypatch, stop_at):
+    out = _results(tmp_path, "old")
+    before, stage, real = _snapshot(out), _staged(out, "new"), os.replace
+    calls = []
+
+    def replace(a, b):  # the stop_at-th move into the results folder is where the process dies
+        if os.path.dirname(b) == str(out):
+            calls.append(b)
+            if len(calls) == stop_at:
+                raise OSError(5, "Input/output error")
+        return real(a, b)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(files, "_put_back", lambda done: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+    with pytest.raises(files.ReproError, match="could not be put back"):
+        files.publish(stage, out, NAMES)
+    monkeypatch.undo()
+    assert (stage / files.JOURNAL).is_file()
+    files.recover_publishes(out)
+    assert _snapshot(out) == before and not stage.exists()
+
+
+def test_a_publish_that_completed_leaves_no_journal(tmp_path):
+    out = _results(tmp_path, "old")
+    stage = _staged(out, "new")
+    files.publish(stage, out, NAMES)
+    assert not (stage / files.JOURNAL).exists() and (out / "p-smoke" / "new.png").is_file()
+
+
+@pytest.mark.parametrize("entries", [
+    [["p-smoke.json", 1, 2]], [["p-smoke", 1, 2]],                      # the real result, another identity
+    [["q-smoke.json", 1, 2]], [["../p-smoke.json", 1, 2]], [["p-smoke/fig.png", 1, 2]],   # not this run's names
+    [["p-smoke.json"]], "p-smoke.json", [["p-smoke.json", "1", 2]]],
+    ids=["result", "figures", "another paper", "dot-dot", "a path", "no identity", "not a list", "text inode"])
+def test_a_planted_journal_deletes_and_moves_nothing(tmp_path, entries):
+    out = _results(tmp_path, "real")
+    before = _snapshot(out)
+    stage = out / ".p-smoke.zzz999.running"
+    stage.mkdir()
+    (stage / "p-smoke.json.old").write_text("planted")
+    (stage / files.JOURNAL).write_text(json.dumps(entries))
+    files.recover_publishes(out)
+    assert _snapshot(out) == before and (stage / "p-smoke.json.old").read_text() == "planted"
+
+
+def test_a_journal_acts_only_on_the_identities_it_names(tmp_path):  # which a handed-over folder cannot know
+    out = _results(tmp_path, "real")
+    st = os.stat(out / "p-smoke.json")
+    stage = out / ".p-smoke.zzz999.running"
+    stage.mkdir()
+    (stage / files.JOURNAL).write_text(json.dumps([["p-smoke.json", st.st_dev, st.st_ino]]))
+    files.recover_publishes(out)  # the identity matches (a "new version where there was none"): only that file goes
+    assert sorted(_snapshot(out)) == ["p-smoke.ipynb", "p-smoke/fig.png"]
