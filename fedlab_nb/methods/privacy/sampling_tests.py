@@ -71,7 +71,8 @@ def pair_clients(num_clients: int) -> torch.Tensor:
 
 
 def observe(state: dict, ids: torch.Tensor, counts: torch.Tensor, rounds: int, q: float) -> None:
-    """Add one round: `ids` the clients aggregated (distinct), `counts` every client's rounds so far."""
+    """Add one round: `ids` the round's clients (distinct; the whole draw when the engine passes it), `counts`
+    every client's rounds so far."""
     state["walk_dev"] = torch.maximum(state["walk_dev"], (counts.double() - q * rounds).abs())
     chosen = state["pair_ids"]
     at = torch.searchsorted(chosen, ids).clamp(max=len(chosen) - 1)
@@ -104,22 +105,31 @@ def refusal_of_draws(state: dict, rounds: int, num_clients: int, q: float, p2: f
 
 
 def _too_rarely_together(state: dict, p2: float) -> str | None:
-    pairs, n = state["pairs"], state["pair_rounds"]
-    if len(pairs) < 2 or p2 <= 0:
+    found = _extreme_pair(state, p2, fewest=True)
+    if found is None:
         return None
-    upper = pairs.long() + torch.tril(torch.full_like(pairs, 2**31 - 1, dtype=torch.int64))  # the pairs i < j only
-    flat = int(upper.argmin())
-    i, j = divmod(flat, len(pairs))
-    together = int(upper[i, j])
-    if together >= n * p2:
-        return None
-    p = float(binom.cdf(together, n, p2)) * len(pairs) * (len(pairs) - 1) / 2 * n
-    if p >= REFUSE_BELOW:
-        return None
-    a, b = int(state["pair_ids"][i]), int(state["pair_ids"][j])
+    a, b, together, n = found
     return (f"clients {a} and {b} were drawn together in {together} of {n} rounds where random sampling puts them "
             f"together in about {n * p2:.1f}: the sampler keeps them apart, so one client's absence reveals another's "
             "presence and the amplification by sampling the reported ε counts on does not hold")
+
+
+def _extreme_pair(state: dict, p2: float, fewest: bool):
+    """(client a, client b, rounds together, rounds) of the pair together most (or fewest) often, when a fair
+    sampler gives a count that far out with probability below REFUSE_BELOW over all pairs and rounds; else None."""
+    pairs, n = state["pairs"], state["pair_rounds"]
+    if len(pairs) < 2 or not 0 < p2 < 1:
+        return None
+    off = ~torch.ones_like(pairs, dtype=torch.bool).triu(1)  # the pairs i < j only
+    counts = pairs.long().masked_fill(off, 2**62 if fewest else -1)
+    i, j = divmod(int(counts.argmin() if fewest else counts.argmax()), len(pairs))
+    together = int(counts[i, j])
+    if (together >= n * p2) if fewest else (together <= n * p2):
+        return None
+    tail = binom.cdf(together, n, p2) if fewest else binom.sf(together - 1, n, p2)
+    if float(tail) * len(pairs) * (len(pairs) - 1) / 2 * n >= REFUSE_BELOW:
+        return None
+    return int(state["pair_ids"][i]), int(state["pair_ids"][j]), together, n
 
 
 def _sizes_too_narrow(smallest: int, largest: int, n: int, K: int, q: float) -> str | None:
@@ -185,19 +195,10 @@ def _checked(n: int) -> bool:
 
 
 def _too_often_together(state: dict, p2: float) -> str | None:
-    pairs, n = state["pairs"], state["pair_rounds"]
-    if len(pairs) < 2 or p2 >= 1:
+    found = _extreme_pair(state, p2, fewest=False)
+    if found is None:
         return None
-    upper = pairs.triu(1)
-    flat = int(upper.argmax())
-    i, j = divmod(flat, len(pairs))
-    together = int(upper[i, j])
-    if together <= n * p2:
-        return None
-    p = float(binom.sf(together - 1, n, p2)) * len(pairs) * (len(pairs) - 1) / 2 * n
-    if p >= REFUSE_BELOW:
-        return None
-    a, b = int(state["pair_ids"][i]), int(state["pair_ids"][j])
+    a, b, together, n = found
     return (f"clients {a} and {b} were aggregated together in {together} of {n} rounds where random sampling puts "
             f"them together in about {n * p2:.1f}: the sampler draws clients in groups, so one client's presence "
             "reveals another's and the amplification by sampling the reported ε counts on does not hold")
