@@ -552,9 +552,7 @@ def test_secagg_a_message_replayed_from_an_earlier_instance_aborts(stage, sender
         _Instance(seed=2).run(**{stage: lambda m: {**m, sender: old.msgs[stage][sender]}})
 
 
-@F_(4, "a masked input replayed from an earlier protocol instance, or sent under a dropped user's id, is summed "
-       "without a word: the server returns a wrong sum (masked inputs are bound to neither the instance nor the "
-       "sender; the honest-but-curious protocol of Figure 4, without its active variant)")
+# finding 4 (fixed: each masked input carries HMAC(H(b_u), u ‖ y_u), checked once Unmasking rebuilds b_u)
 @pytest.mark.parametrize("edit", ["replayed from an earlier instance", "one answers for a dropped one"])
 def test_secagg_a_masked_input_replayed_or_answered_for_another_is_not_a_silent_wrong_sum(edit):
     old = _Instance(seed=1)

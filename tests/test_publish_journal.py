@@ -40,14 +40,13 @@ def test_a_publish_stopped_at_any_move_is_undone_by_the_next_reader(tmp_path, mo
     before, stage, real = _snapshot(out), _staged(out, "new"), os.replace
     calls = []
 
-    def replace(a, b):  # the stop_at-th move into the results folder is where the process dies
+    def replace(a, b):  # from the stop_at-th move into the results folder on, the disk refuses (undoing too)
         if os.path.dirname(b) == str(out):
             calls.append(b)
-            if len(calls) == stop_at:
+            if len(calls) >= stop_at:
                 raise OSError(5, "Input/output error")
         return real(a, b)
     monkeypatch.setattr(os, "replace", replace)
-    monkeypatch.setattr(files, "_put_back", lambda done: (_ for _ in ()).throw(OSError(5, "Input/output error")))
     with pytest.raises(files.ReproError, match="could not be put back"):
         files.publish(stage, out, NAMES)
     monkeypatch.undo()

@@ -375,8 +375,8 @@ def secagg_to_masked(S, clients, server):
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda y: {**y, 1: y[1][:2]}, r"client 1 has 2 bytes, expected 8"),        # was broadcast: a wrong sum
-    (lambda y: {**y, 1: y[1] + y[1]}, r"client 1 has 16 bytes, expected 8"),
+    (lambda y: {**y, 1: y[1][:2]}, r"client 1 has 2 bytes, expected 40"),       # was broadcast: a wrong sum
+    (lambda y: {**y, 1: y[1] + y[1]}, r"client 1 has 80 bytes, expected 40"),   # 8 bytes of y, then its 32-byte MAC
     (lambda y: {**y, 1: np.frombuffer(y[1], np.uint16)}, r"client 1 is a ndarray, not bytes"),
     (lambda y: {**y, 7: y[1]}, r"client 7 comes from a user that is not in this round"),
     (lambda y: {**y, "1": y.pop(1)}, r"client '1' comes from a user"),

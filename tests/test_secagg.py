@@ -111,7 +111,7 @@ def test_bytes_are_the_encoded_messages():
     u = 0
     assert res.sent[u]["advertise_keys"] == 64                          # two raw X25519 public keys
     assert res.sent[u]["share_keys"] == 32 + (n - 1) * (4 + 12 + 8 + 32 + 16 + 16)  # H(b_u); id, nonce, AES-GCM(ids‖shares)+tag
-    assert res.sent[u]["masked_input"] == m * 4                         # uint32 per element at bits=32
+    assert res.sent[u]["masked_input"] == m * 4 + 32                    # uint32 per element at bits=32, then the MAC
     assert res.sent[u]["unmasking"] == 5 * (4 + 1 + 16) + (4 + 1 + 32)  # 5 b-shares (self included), 1 s^SK share
     assert res.received[u]["share_keys"] == n * (4 + 64)                # the roster
 
@@ -188,3 +188,41 @@ def test_secure_fedavg_equals_fedavg_up_to_quantisation(tiny_fed):
     assert len(dropped.uplink[-1].last.included) <= 5 and np.isfinite(h.final("test_acc"))
     with pytest.raises(ValueError, match="bits=16 is too small"):        # Σ n_k · 2^16 ≥ 2^15
         fl.simulate(S.secure_fedavg(client_sizes=tiny_fed.sizes, bits=16), tiny_fed, **kw)
+
+
+def _masked_round(seed, n=4, m=6, t=3):
+    """One instance up to MaskedInputCollection: (clients, server, inbox, {u: masked input})."""
+    params = S.SecAggParams(t, m, 32)
+    rng = np.random.default_rng(seed)
+    clients = {u: S.SecAggClient(u, rng.integers(0, 100, m), params, np.random.default_rng([seed, u])) for u in range(n)}
+    server = S.SecAggServer(params)
+    roster = server.collect_keys({u: c.advertise_keys() for u, c in clients.items()})
+    inbox = server.collect_shares({u: c.share_keys(roster) for u, c in clients.items()})
+    return clients, server, {u: c.masked_input(inbox[u]) for u, c in clients.items()}
+
+
+@pytest.mark.parametrize("edit", ["replayed from an earlier instance", "sent under a dropped user's id",
+                                  "two users' inputs swapped", "one bit of y flipped"])
+def test_a_masked_input_not_bound_to_its_sender_and_instance_aborts_naming_it(edit):
+    _, _, old = _masked_round(seed=1)
+    clients, server, masked = _masked_round(seed=2)
+    if edit == "replayed from an earlier instance":
+        masked[1] = old[1]
+    elif edit == "sent under a dropped user's id":
+        masked = {u: (masked[3] if u == 1 else y) for u, y in masked.items() if u != 3}
+    elif edit == "two users' inputs swapped":
+        masked[1], masked[2] = masked[2], masked[1]
+    else:
+        masked[1] = bytes([masked[1][0] ^ 1]) + masked[1][1:]
+    survivors = server.collect_masked(masked)
+    with pytest.raises(S.SecAggAbort, match=r"client [12] \(its masked input\) does not carry its MAC"):
+        server.unmask({u: clients[u].unmask(survivors) for u in masked})
+
+
+def test_the_masked_input_mac_is_checked_and_holds_no_secret():
+    clients, server, masked = _masked_round(seed=3)
+    survivors = server.collect_masked(masked)
+    total = server.unmask({u: c.unmask(survivors) for u, c in clients.items()})
+    assert (total == sum(c.x for c in clients.values()) & np.uint64(2 ** 32 - 1)).all()
+    assert all(len(y) == 6 * 4 + S.MAC_BYTES for y in masked.values())
+    assert S.held_secrets(server, S.client_secrets(clients)) == []

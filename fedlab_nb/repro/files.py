@@ -232,21 +232,19 @@ def publish(folder: Path, out_dir, names) -> None:
                                   "; move it away")
     journal = folder / JOURNAL  # what a killed publish must undo: each name and its new version's identity
     write_atomic(journal, json.dumps([[final.name, *_identity(new)] for new, final in moves]))
-    done = []   # (new, final, where final's old version is kept in `folder`), recorded before anything moves
     try:
         for new, final in moves:
-            old = folder / f"{final.name}.old"
-            done.append((new, final, old))
-            _set_aside(final, old)
+            _set_aside(final, folder / f"{final.name}.old")
             os.replace(new, final)
     except BaseException as e:
-        try:
-            _put_back(done)
-        except OSError as stuck:  # the journal stays: the next listing or run of the paper puts them back
+        try:  # undone through the journal, as the next reader would after a kill: one way back, not two
+            whole, stuck = _recover(folder, out_dir, {final.name for _, final in moves}), "a name was replaced meanwhile"
+        except OSError as error:
+            whole, stuck = False, _why(error)
+        if not whole:  # the journal stays: the next listing or run of the paper puts them back
             raise ReproError(f"publishing into {out_dir} failed ({_why(e)}) and the old versions could not be put "
-                             f"back ({_why(stuck)}); they are kept in {folder}, and the next `fedlab-nb list` or run "
+                             f"back ({stuck}); they are kept in {folder}, and the next `fedlab-nb list` or run "
                              "of this paper restores them") from None
-        journal.unlink(missing_ok=True)
         raise
     journal.unlink()
 
@@ -287,11 +285,12 @@ def recover_publishes(out_dir) -> None:
                     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _recover(folder: Path, out_dir: Path) -> bool:
+def _recover(folder: Path, out_dir: Path, names=None) -> bool:
     """Undo the publish whose journal is in `folder` (call it holding the paper's lock); whether it did. Only what
     that publish moved is touched: a name whose file or folder is neither its new version (the identity the
     journal recorded) nor its old one is left as it is, with the staging folder, so a journal planted in a
-    results folder someone hands over can delete nothing of its own choosing."""
+    results folder someone hands over can delete nothing of its own choosing. `names`: the names the journal may
+    hold (publish undoing its own moves); by default those of the run the staging folder's name says."""
     journal, stem = folder / JOURNAL, folder.name[1:].rsplit(".", 2)[0]
     if folder.is_symlink() or not journal.is_file() or journal.is_symlink():
         return False
@@ -299,7 +298,7 @@ def _recover(folder: Path, out_dir: Path) -> bool:
         entries = json.loads(journal.read_text()[:100_000])
     except (OSError, ValueError):
         return False
-    if not isinstance(entries, list) or not all(_journal_entry(e, stem) for e in entries):
+    if not isinstance(entries, list) or not all(_journal_entry(e, stem, names) for e in entries):
         return False  # not a journal this package wrote: nothing in it is followed, the folder is kept
     whole = all([_restore(folder, out_dir, name, (dev, ino)) for name, dev, ino in reversed(entries)])
     if whole:
@@ -310,7 +309,9 @@ def _recover(folder: Path, out_dir: Path) -> bool:
 def _restore(folder: Path, out_dir: Path, name: str, new_id: tuple) -> bool:
     """Put `name`'s old version back over its new one; False when `out_dir/name` is something else."""
     final, old, new = out_dir / name, folder / f"{name}.old", folder / name
-    if _identity(new) == new_id and not old.exists():  # the publish did not reach this name
+    if _identity(new) == new_id:  # the new version never moved in: only a folder set aside has to go back
+        if old.exists() and _identity(final) is None:
+            os.replace(old, final)
         return True
     here = _identity(final)
     if here is not None and here not in (new_id, _identity(old)):  # something else is there now: leave it
@@ -330,24 +331,18 @@ def _identity(path: Path):
     return st.st_dev, st.st_ino
 
 
-def _journal_entry(entry, stem: str) -> bool:
-    """[name, dev, ino] with a name of this staging folder's run: its stem, stem.<suffix> or parameters.json."""
-    return isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and all(
-        type(n) is int for n in entry[1:]) and "/" not in entry[0] and "\\" not in entry[0] and "\0" not in entry[0] \
-        and (entry[0] == stem or entry[0].startswith(stem + ".") or entry[0] == "parameters.json")
+def _journal_entry(entry, stem: str, names=None) -> bool:
+    """[name, dev, ino] with a name of this staging folder's run (its stem, stem.<suffix> or parameters.json) or,
+    when given, one of `names`."""
+    if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+            and all(type(n) is int for n in entry[1:])):
+        return False
+    name = entry[0]
+    if names is not None:
+        return name in names
+    return "/" not in name and "\\" not in name and "\0" not in name and (
+        name == stem or name.startswith(stem + ".") or name == "parameters.json")
 
 
 def _why(e: BaseException) -> str:
     return (getattr(e, "strerror", None) or str(e) or type(e).__name__) if isinstance(e, OSError) else type(e).__name__
-
-
-def _put_back(done: list) -> None:
-    """Undo a publish stopped part-way, wherever it stopped: a name whose new version moved in (it is gone from the
-    staging folder) loses it, and every name set aside gets its old version back."""
-    for new, final, old in reversed(done):
-        if not new.exists() and final.is_dir():  # the new folder is in place
-            shutil.rmtree(final, ignore_errors=True)
-        elif not new.exists() and not old.exists() and final.exists():  # a new file where there was none
-            final.unlink()
-        if old.exists():
-            os.replace(old, final)

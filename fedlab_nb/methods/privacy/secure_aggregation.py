@@ -8,13 +8,17 @@ learns only Σ_{u ∈ U3} x_u mod R (R = 2^k), even when clients drop out:
     1 ShareKeys       u: b_u (a PRG seed), Shamir t-of-|U1| shares of s_u^SK and b_u; share v's pair is
                       sent to S encrypted for v (AES-GCM, key = HKDF(X25519(c_u^SK, c_v^PK))); S forwards
     2 MaskedInput     u → S: y_u = x_u + PRG(b_u) + Σ_{v ∈ U2 \\ u} Δ_{u,v} PRG(s_{u,v}) mod R,
-                      s_{u,v} = HKDF(X25519(s_u^SK, s_v^PK)), Δ_{u,v} = +1 if u > v else −1 (cancels in pairs)
+                      s_{u,v} = HKDF(X25519(s_u^SK, s_v^PK)), Δ_{u,v} = +1 if u > v else −1 (cancels in pairs),
+                      then HMAC-SHA256(H(b_u), u ‖ y_u) (an addition to Figure 4, below)
     3 Unmasking       u → S: b-shares of the survivors U3 and s^SK-shares of the dropped U2 \\ U3; S rebuilds
                       b_v (v ∈ U3) and s_v^SK (v dropped), recomputes and removes those masks from Σ y_u
 
 The active-adversary variant's signatures and ConsistencyCheck round are not implemented; each share ciphertext is
 bound to the roster its sender saw (AES-GCM associated data: an addition to Figure 4), so clients sent different
-rosters abort at Unmasking instead of producing a wrong sum. Every message is
+rosters abort at Unmasking instead of producing a wrong sum. Likewise each masked input carries a MAC keyed by its
+sender's fresh b_u (which the server rebuilds in Unmasking anyway), so a y_u replayed from another instance or sent
+under another user's id aborts naming that user instead of being summed (32 bytes per user). Neither makes the sum
+correct against a malicious client, which can send any y_u; they catch replays and misroutes. Every message is
 real bytes (its `len` is the measured wire cost); clients hold every secret, `SecAggServer` holds public keys,
 the ciphertexts it forwards, the masked inputs and the final sum (reconstructed seeds and keys live only
 inside `SecAggServer.unmask`). Libraries: `cryptography` (X25519, HKDF-SHA256, AES-GCM, AES-CTR) and
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import math
 import numbers
 import os
@@ -62,6 +67,7 @@ SECAGG = register_stream("secure_aggregation", 23)   # the simulated clients' pr
 STAGES = ("advertise_keys", "share_keys", "masked_input", "unmasking")
 KEY_BYTES, SEED_BYTES, NONCE_BYTES, BLOCK = 32, 16, 12, 16
 COMMIT_BYTES = 32               # SHA-256 commitment to b_u, sent ahead of u's ShareKeys records
+MAC_BYTES = 32                  # HMAC-SHA256 tag after u's masked input, keyed by b_u (see mac_masked)
 _ID = struct.Struct("<I")       # a user id on the wire
 B_SHARE, S_SHARE = 0, 1         # kinds of unmasking shares
 _KIND = {B_SHARE: "b", S_SHARE: "s^SK"}
@@ -201,6 +207,13 @@ def commit_b(u: int, b: bytes) -> bytes:
     return hashlib.sha256(b"secagg b_u " + _ID.pack(u) + b).digest()
 
 
+def mac_masked(u: int, b: bytes, y: bytes) -> bytes:
+    """HMAC-SHA256(H(b_u), u ‖ y_u): binds user u's masked input to u and to this instance (b_u is fresh in each).
+    The server can check it only after Unmasking rebuilds b_u, i.e. after every y_u has arrived."""
+    key = hashlib.sha256(b"secagg mac " + b).digest()
+    return hmac.new(key, _ID.pack(u) + y, hashlib.sha256).digest()
+
+
 # --- parties -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SecAggParams:
@@ -299,7 +312,8 @@ class SecAggClient:
             if v != self.uid:
                 mask = prg(self._agree(self._s_sk, v, 1, b"secagg mask"), m, bits)
                 y = y + mask if self.uid > v else y - mask  # uint64 wraps mod 2^64, so mod 2^bits too
-        return (y & modulus_mask(bits)).astype(wire_dtype(bits)).tobytes()
+        y = (y & modulus_mask(bits)).astype(wire_dtype(bits)).tobytes()
+        return y + mac_masked(self.uid, self._b, y)
 
     def unmask(self, survivors: bytes) -> bytes:
         """Round 3: for each v ∈ U2 decrypt e_{v,u}; send b_{v,u} if v survived (U3), s^SK_{v,u} if it dropped."""
@@ -358,6 +372,7 @@ class SecAggServer:
         self.public_keys: dict[int, bytes] = {}          # u → c_u^PK ‖ s_u^PK
         self.ciphertexts: dict[tuple[int, int], bytes] = {}   # (from u, to v) → nonce ‖ AES-GCM ciphertext
         self.masked: dict[int, np.ndarray] = {}          # u → y_u
+        self.masked_macs: dict[int, bytes] = {}          # u → the MAC sent after y_u (checked in Unmasking)
         self.b_commitments: dict[int, bytes] = {}        # u → H(u ‖ b_u), from ShareKeys
         self.u1 = self.u2 = self.u3 = self.u5 = ()
         self.sum: np.ndarray | None = None
@@ -421,9 +436,11 @@ class SecAggServer:
 
     def collect_masked(self, msgs: dict[int, bytes]) -> bytes:
         dtype = wire_dtype(self.params.bits)
-        msgs = self._checked("MaskedInputCollection", msgs, set(self.u2), self.params.length * dtype.itemsize)
+        size = self.params.length * dtype.itemsize + MAC_BYTES
+        msgs = self._checked("MaskedInputCollection", msgs, set(self.u2), size)
         self.u3 = self._require("MaskedInputCollection", msgs)
-        self.masked = {u: np.frombuffer(msgs[u], dtype=dtype).astype(np.uint64) for u in self.u3}
+        self.masked = {u: np.frombuffer(msgs[u][:-MAC_BYTES], dtype=dtype).astype(np.uint64) for u in self.u3}
+        self.masked_macs = {u: msgs[u][-MAC_BYTES:] for u in self.u3}
         return b"".join(_ID.pack(u) for u in self.u3)
 
     def unmask(self, msgs: dict[int, bytes]) -> np.ndarray:
@@ -441,11 +458,13 @@ class SecAggServer:
                 sender[v, kind, share] = u
                 shares.setdefault((v, kind), []).append((index[u], share))
         holders = {i: u for u, i in index.items()}
-        z = np.zeros(m, dtype=np.uint64)
+        z, dtype = np.zeros(m, dtype=np.uint64), wire_dtype(bits)
         for u in self.u3:
-            z += self.masked[u]
-        for u in self.u3:
-            z -= prg(self._rebuild(shares, u, B_SHARE, t, holders), m, bits)
+            b = self._rebuild(shares, u, B_SHARE, t, holders)
+            if not hmac.compare_digest(mac_masked(u, b, self.masked[u].astype(dtype).tobytes()), self.masked_macs[u]):
+                raise _abort("Unmasking", f"client {u}", "(its masked input) does not carry its MAC under its own "
+                             "b_u: it was replayed from another instance or sent under another user's id")
+            z += self.masked[u] - prg(b, m, bits)
         for v in sorted(set(self.u2) - set(self.u3)):
             s_sk = X25519PrivateKey.from_private_bytes(self._rebuild(shares, v, S_SHARE, t, holders))
             for u in self.u3:
