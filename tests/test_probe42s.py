@@ -1,0 +1,354 @@
+"""Probe 42s: a nineteenth, independent re-run of issue 42's failure classes, aimed at the code changed last: the
+publish journal and its recovery (a publish failing or interrupted at each move and at each step of its own undo,
+a second failure while recovering, journals that are planted, deep, huge, links or folders, two journals for one
+paper, a newer result put in place after a kill, a results folder copied between a kill and its recovery), secure
+aggregation's masked-input MAC (replays, misroutes, swapped, cut, moved or borrowed MACs, altered inputs at every
+modulus, dropouts, bits 8/16/64, m = 0 and 1, whole runs, what the server holds) and `RoundInfo.sampled` through
+the engine, simulate_seeds and the Flower adapter (stragglers, failed replies, a draw that disagrees with the
+aggregated ids, fair samplers at new sizes). Notebooks are replaced by the stand-in of tests/test_probe42r.py, so
+no kernel starts. Each test asserts the correct behaviour; a test marked xfail(strict=True) is an open finding
+(its reason says what is wrong), so the suite stays green until it is fixed."""
+import errno
+import json
+import os
+import shutil
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from probes import cli, fed10, root_copy  # noqa: F401 (fed10: a fixture)
+from probes import numbered_finding as F_
+from probes import one_line_error
+from test_probe42r import _Instance, _aborts_or_exact, _first_result, _holder, _lock_free, _snapshot, _stand_in
+
+from fedlab_nb.repro import files
+
+
+# ================================================================================ (A) helpers: a publish stopped
+def _io_error(*a, **k):
+    raise OSError(errno.EIO, "Input/output error")
+
+
+def _failing_publish(monkeypatch, results, move, undo=None, undo_step=1):
+    """os.replace fails with EIO at the `move`-th rename into the results folder of the next publish; `undo`
+    (an exception class, or None) is then raised at the `undo_step`-th file operation of publish's own undo
+    (os.replace, shutil.rmtree, Path.unlink), i.e. a second failure or an interrupt while it puts things back."""
+    real_replace, real_rmtree, real_unlink = os.replace, shutil.rmtree, Path.unlink
+    state = {"moves": 0, "undoing": False, "ops": 0}
+
+    def step():
+        if state["undoing"] and undo is not None:
+            state["ops"] += 1
+            if state["ops"] == undo_step:
+                raise undo(errno.EIO, "Input/output error") if issubclass(undo, OSError) else undo()
+
+    def replace(a, b):
+        if Path(b).parent == results and not state["undoing"]:
+            state["moves"] += 1
+            if state["moves"] == move:
+                state["undoing"] = True
+                raise OSError(errno.EIO, "Input/output error", str(b))
+        step()
+        return real_replace(a, b)
+
+    def rmtree(path, *a, **k):
+        if Path(path).parent == results:
+            step()
+        return real_rmtree(path, *a, **k)
+
+    def unlink(self, *a, **k):
+        if self.parent == results:
+            step()
+        return real_unlink(self, *a, **k)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    return state
+
+
+def _second_run(monkeypatch):
+    _stand_in(monkeypatch, figure="other.png", metrics={"value": 0.7, "double": 1.4})
+
+
+def _results_of(results):
+    """_snapshot without the board files that `report` adds."""
+    return {k: v for k, v in _snapshot(results).items() if k not in ("REPORT.md", "index.html")}
+
+
+def _plant(results, journal, stem="tiny-smoke", name="zzz999"):
+    stage = results / f".{stem}.{name}.running"
+    stage.mkdir()
+    if isinstance(journal, bytes):
+        (stage / files.JOURNAL).write_bytes(journal)
+    elif journal is not None:
+        (stage / files.JOURNAL).write_text(journal if isinstance(journal, str) else json.dumps(journal))
+    return stage
+
+
+def _stranded(tmp_path, monkeypatch):
+    """A result of value 0.5, then a second run whose publish failed at its 2nd move (the new figures folder is
+    in, the notebook is not) and whose undo was interrupted: the journal is left for the next reader."""
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _second_run(monkeypatch)
+    _failing_publish(monkeypatch, results, move=2, undo=KeyboardInterrupt)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    assert rc == 130 and list(results.glob(".tiny-smoke.*.running/" + files.JOURNAL)), (rc, err)
+    assert (results / "tiny-smoke" / "other.png").exists()  # the stranded state: new figures, old result
+    return root, results, before
+
+
+# ================================================================================ (A) a publish failing, then its undo
+@pytest.mark.parametrize("undo", [None, OSError, KeyboardInterrupt], ids=["undo works", "undo EIO", "undo Ctrl-C"])
+@pytest.mark.parametrize("move", [1, 2, 3])
+def test_a_publish_failing_at_each_move_and_undo_step_is_put_back_by_list(tmp_path, monkeypatch, move, undo):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _second_run(monkeypatch)
+    _failing_publish(monkeypatch, results, move, undo)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    assert rc in (1, 130) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+    if rc == 1:
+        assert len(err.strip().splitlines()) == 1, err
+    cli(["--root", root, "--results", results, "list"])
+    assert _snapshot(results) == before and _lock_free(results)
+    assert not list(results.glob(".tiny-smoke.*.running"))
+
+
+# finding 4: an undo that put one name back (the notebook: its new version unlinked, the old one moved in) and then
+# failed leaves the journal as it was; the next recovery finds that name holding its old version with no `.old`
+# beside it, takes it for "something else", and keeps the journal and staging folder for good, their identities
+# stale (the undone new version's inode is free and reused, see the next test)
+@pytest.mark.parametrize("undo_step", [2, pytest.param(3, marks=F_(4, "an undo failing after it put the notebook back "
+                                                                "leaves a journal no later recovery removes"))])
+def test_an_undo_failing_at_a_later_step_is_finished_by_the_next_reproduce(tmp_path, monkeypatch, undo_step):
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _second_run(monkeypatch)
+    _failing_publish(monkeypatch, results, move=3, undo=OSError, undo_step=undo_step)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    one_line_error(rc, err)
+    _stand_in(monkeypatch, figure="third.png", metrics={"value": 0.9, "double": 1.8})
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    assert rc == 0, (rc, err)
+    now = _snapshot(results)
+    assert sorted(p.name for p in (results / "tiny-smoke").iterdir()) == ["metrics.json", "third.png"], sorted(now)
+    assert not list(results.glob(".tiny-smoke.*.running"))
+
+
+@pytest.mark.parametrize("reader", [["list"], ["report"], ["reproduce", "tiny"]])
+def test_a_stranded_publish_is_put_back_by_each_reader(tmp_path, monkeypatch, reader):  # held
+    root, results, before = _stranded(tmp_path, monkeypatch)
+    _stand_in(monkeypatch)  # an up-to-date reproduce: the old result is kept, not rerun
+    rc, out, err = cli(["--root", root, "--results", results, *reader])
+    assert "Traceback" not in err and "raised" not in str(rc), (rc, err)
+    assert _results_of(results) == before
+
+
+def test_a_journal_unlink_failing_after_every_move_is_one_line_and_leaves_one_coherent_result(tmp_path,
+                                                                                          monkeypatch):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _second_run(monkeypatch)
+    real = Path.unlink
+
+    def unlink(self, *a, **k):
+        if self.name == files.JOURNAL:
+            raise OSError(errno.EIO, "Input/output error", str(self))
+        return real(self, *a, **k)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    assert rc in (0, 1) and "Traceback" not in err and len(err.strip().splitlines()) <= 1, (rc, err)
+    cli(["--root", root, "--results", results, "list"])
+    now = _snapshot(results)
+    assert now == before or (json.loads(now["tiny-smoke.json"])["metrics"]["value"] == 0.7 and rc == 0
+                             and (results / "tiny-smoke" / "other.png").exists()), (rc, err, sorted(now))
+
+
+def test_recovery_waits_while_another_process_holds_the_lock_then_happens(tmp_path, monkeypatch):  # held
+    root, results, before = _stranded(tmp_path, monkeypatch)
+    p = _holder(results)
+    try:
+        rc, out, err = cli(["--root", root, "--results", results, "list"])
+        assert rc == 0 and (results / "tiny-smoke" / "other.png").exists()  # a live run's publish is left alone
+    finally:
+        p.kill()
+        p.wait()
+    cli(["--root", root, "--results", results, "list"])
+    assert _snapshot(results) == before
+
+
+def test_a_newer_result_put_in_place_after_a_kill_is_never_deleted(tmp_path, monkeypatch):  # held
+    root, results, before = _stranded(tmp_path, monkeypatch)
+    shutil.rmtree(results / "tiny-smoke")  # the user puts a newer result in place by hand (other inodes)
+    (results / "tiny-smoke").mkdir()
+    (results / "tiny-smoke" / "newer.png").write_bytes(b"newer")
+    (results / "tiny-smoke.json").unlink()
+    (results / "tiny-smoke.json").write_text('{"newer": true}')
+    cli(["--root", root, "--results", results, "list"])
+    assert (results / "tiny-smoke" / "newer.png").read_bytes() == b"newer"
+    assert json.loads((results / "tiny-smoke.json").read_text()) == {"newer": True}
+
+
+def test_two_journals_for_one_paper_a_planted_one_and_a_real_one(tmp_path, monkeypatch):  # held
+    root, results, before = _stranded(tmp_path, monkeypatch)
+    st = os.stat(results / "tiny-smoke")
+    stage = _plant(results, [["tiny-smoke", st.st_dev, st.st_ino + 1], ["tiny-smoke.json", 1, 2]], name="aaa000")
+    (stage / "tiny-smoke.json.old").write_text('{"planted": true}')
+    rc, out, err = cli(["--root", root, "--results", results, "list"])
+    assert rc == 0 and _snapshot(results) == before, (rc, err)
+    assert (stage / "tiny-smoke.json.old").read_text() == '{"planted": true}'  # the planted folder is kept as it was
+
+
+@F_(4, "a stale journal left by a part-done undo deletes a newer notebook that reuses a freed inode it names")
+def test_a_stale_journal_never_deletes_a_newer_file_that_reuses_a_freed_inode(tmp_path, monkeypatch):
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _second_run(monkeypatch)
+    _failing_publish(monkeypatch, results, move=3, undo=OSError, undo_step=3)
+    cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    _stand_in(monkeypatch, figure="third.png", metrics={"value": 0.9, "double": 1.8})
+    assert cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])[0] == 0
+    stage = next(results.glob(".tiny-smoke.*.running"))  # finding 4's stale journal
+    stale = {tuple(e[1:]): e[0] for e in json.loads((stage / files.JOURNAL).read_text())}
+    if not _reuse_freed_inode(results, stale, "tiny-smoke.ipynb"):
+        pytest.skip("this file system never handed back the freed inode (tmpfs does not reuse inodes)")
+    cli(["--root", root, "--results", results, "list"])
+    assert (results / "tiny-smoke.ipynb").is_file(), "list deleted the newer notebook"
+
+
+def _reuse_freed_inode(results, stale, name):
+    """Rewrite results/<name> (a newer version written by hand or a tool) until the file system hands it an inode
+    the stale journal names for `name` (ext4 gives a freed inode back within a few files); False if it never does."""
+    for p in results.rglob("*"):  # a file of the newer run holding that inode is freed first
+        if (os.stat(p).st_dev, os.stat(p).st_ino) in stale and p.parent.name == "tiny-smoke":
+            p.unlink()
+    for i in range(200):
+        p = results / f".cand{i}"
+        p.write_text('{"newer": true}')
+        if stale.get((os.stat(p).st_dev, os.stat(p).st_ino)) == name:
+            os.replace(p, results / name)
+            break
+    for q in results.glob(".cand*"):
+        q.unlink()
+    return json.loads((results / name).read_text()) == {"newer": True}
+
+
+# finding 1: a planted or corrupt journal of deep JSON (a handed-over results folder) raises RecursionError out of
+# _recover: `list`, `report` and the next `reproduce` of the paper end in a traceback (json.loads is guarded for
+# ValueError only)
+@F_(1, "a journal of deep JSON ('[' * 100000) makes list / report / reproduce raise RecursionError")
+@pytest.mark.parametrize("reader", [["list"], ["report"], ["reproduce", "tiny", "--force"]])
+def test_a_journal_of_deep_json_is_ignored_by_every_reader(tmp_path, monkeypatch, reader):
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _plant(results, "[" * 100_000)
+    rc, out, err = cli(["--root", root, "--results", results, *reader])
+    assert rc in (0, 1) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+
+
+@pytest.mark.parametrize("journal", ['[["tiny-smoke", 1', b"\xff\xfe\x00junk", "[]", "{}", "null", "[" * 900 + "]" * 900,
+                                     json.dumps([["tiny-smoke.json", 10 ** 4000, 1]])],
+                         ids=["truncated", "binary", "empty list", "an object", "null", "900 deep", "4000 digits"])
+def test_a_corrupt_journal_is_ignored_and_lists_the_paper(tmp_path, monkeypatch, journal):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _plant(results, journal)
+    rc, out, err = cli(["--root", root, "--results", results, "list"])
+    assert rc == 0 and "tiny" in out and "Traceback" not in err, (rc, err)
+    assert _snapshot(results) == before
+
+
+# finding 2: _recover reads the whole journal (`journal.read_text()[:100_000]`) before cutting it, so a huge or
+# sparse journal planted in a handed-over results folder is read into memory by `list` (every other file that
+# comes from a results folder is read with read_regular and a size limit)
+@F_(2, "a 64 MB journal is read whole into memory by list (read_text()[:100_000] cuts after reading)")
+def test_a_huge_journal_is_not_read_whole(tmp_path, monkeypatch):
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    stage = _plant(results, None)
+    with open(stage / files.JOURNAL, "wb") as f:
+        f.truncate(64 * 2 ** 20)  # sparse: 64 MB of zeros on no disk space
+    tracemalloc.start()
+    try:
+        rc, out, err = cli(["--root", root, "--results", results, "list"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rc == 0 and _snapshot(results) == before
+    assert peak < 16 * 2 ** 20, f"list held {peak / 2 ** 20:.0f} MB while reading a 64 MB journal"
+
+
+@pytest.mark.parametrize("what", ["journal a link", "journal a folder", "journal a FIFO", "staging a link",
+                                  "staging a file"])
+def test_a_journal_or_staging_folder_that_is_not_a_file_moves_nothing(tmp_path, monkeypatch, what):  # held
+    root, results, before = _stranded(tmp_path, monkeypatch)
+    stage = next(results.glob(".tiny-smoke.*.running"))
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(str(stage), elsewhere)  # the real journal of the stranded publish, moved out of reach
+    stranded = _snapshot(results)
+    if what == "journal a link":
+        _plant(results, None).joinpath(files.JOURNAL).symlink_to(elsewhere / files.JOURNAL)
+    elif what == "journal a folder":
+        _plant(results, None).joinpath(files.JOURNAL).mkdir()
+    elif what == "journal a FIFO":
+        os.mkfifo(_plant(results, None) / files.JOURNAL)
+    elif what == "staging a link":
+        (results / ".tiny-smoke.lnk000.running").symlink_to(elsewhere)
+    else:
+        (results / ".tiny-smoke.fil000.running").write_text("[]")
+    rc, out, err = cli(["--root", root, "--results", results, "list"])
+    assert rc == 0 and "Traceback" not in err, (rc, err)
+    assert _snapshot(results) == stranded and (elsewhere / files.JOURNAL).is_file()
+
+
+@pytest.mark.parametrize("stem, name", [("tiny", "tiny.lock"), ("tiny", "tiny"), ("tiny-smoke.json", "tiny-smoke.json"),
+                                        ("tiny-paper", "tiny-smoke.json"), ("tiny-smoke", "parameters.json")],
+                         ids=["the lock", "paper id", "stem a result name", "another scale", "parameters"])
+def test_a_planted_journal_naming_odd_names_moves_and_deletes_nothing(tmp_path, monkeypatch, stem, name):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    (results / "tiny.lock").write_text("")
+    stage = _plant(results, [[name, 1, 2]], stem=stem)
+    (stage / f"{name}.old").write_text("planted")
+    cli(["--root", root, "--results", results, "list"])
+    now = _snapshot(results)  # a name the results folder lacks may receive the planted file (it came with the folder)
+    assert {k: now.get(k) for k in before} == before
+
+
+def test_a_hard_link_of_the_real_result_planted_as_its_old_version_loses_nothing(tmp_path, monkeypatch):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    stage = _plant(results, [["tiny-smoke.json", 1, 2], ["tiny-smoke.ipynb", 3, 4]])
+    os.link(results / "tiny-smoke.json", stage / "tiny-smoke.json.old")
+    os.link(results / "tiny-smoke.ipynb", stage / "tiny-smoke.ipynb.old")
+    for reader in (["list"], ["report"], ["list"]):
+        cli(["--root", root, "--results", results, *reader])
+    assert _results_of(results) == before
+
+
+# finding 3: the journal identifies the new versions by (device, inode), so a results folder copied or moved to
+# another disk between a kill and its recovery (cp -a, rsync, a tarball handed over) never gets its old figures
+# back: the copy lists the old result beside the killed run's figures, the old ones hidden in the staging folder
+@F_(3, "a results folder copied after a killed publish lists the old result beside the killed run's figures forever")
+def test_a_results_folder_copied_after_a_killed_publish_gets_its_old_figures_back(tmp_path, monkeypatch):
+    root, results, before = _stranded(tmp_path, monkeypatch)
+    copy = tmp_path / "copied"
+    shutil.copytree(results, copy, symlinks=True)
+    for _ in range(2):
+        cli(["--root", root, "--results", copy, "list"])
+    assert _snapshot(copy) == before, sorted(_snapshot(copy))
+
+
+def test_the_journal_itself_failing_to_write_is_one_line_and_keeps_the_old_result(tmp_path, monkeypatch):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _second_run(monkeypatch)
+    real = files.write_atomic
+
+    def full(path, data):
+        if Path(path).name == files.JOURNAL:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, data)
+    monkeypatch.setattr(files, "write_atomic", full)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    one_line_error(rc, err)
+    assert _snapshot(results) == before and not list(results.glob(".tiny-smoke.*.running"))
