@@ -352,3 +352,176 @@ def test_the_journal_itself_failing_to_write_is_one_line_and_keeps_the_old_resul
     monkeypatch.undo()
     one_line_error(rc, err)
     assert _snapshot(results) == before and not list(results.glob(".tiny-smoke.*.running"))
+
+
+# ================================================================================ (B) secure aggregation's MAC
+def _abort_naming(inst, sender, **edits):
+    """The instance run with `edits` aborts with SecAggAbort naming client `sender` (never a sum, a bare error)."""
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort
+    with pytest.raises(SecAggAbort, match=f"client {sender}\\b"):
+        inst.run(**edits)
+
+
+def _y_and_mac(msg):
+    from fedlab_nb.methods.privacy.secure_aggregation import MAC_BYTES
+    return msg[:-MAC_BYTES], msg[-MAC_BYTES:]
+
+
+@pytest.mark.parametrize("sender", [0, 3])
+@pytest.mark.parametrize("old_seed", [1, 2], ids=["another seed", "the seed after"])
+def test_secagg_a_masked_input_replayed_from_an_earlier_instance_aborts_naming_it(sender, old_seed):  # held
+    old = _Instance(seed=old_seed)
+    old.run()
+    _abort_naming(_Instance(seed=5), sender, masked=lambda m: {**m, sender: old.msgs["masked"][sender]})
+
+
+@pytest.mark.parametrize("edit", ["y of 2 with 1's MAC", "2's whole message under 1 (2 present too)",
+                                  "old y with the new MAC", "new y with the old MAC", "MAC of 2 on 1's y"])
+def test_secagg_a_masked_input_with_a_mixed_or_borrowed_mac_aborts_naming_client_1(edit):  # held
+    old = _Instance(seed=1)
+    old.run()
+
+    def change(m):
+        y1, mac1 = _y_and_mac(m[1])
+        y2, mac2 = _y_and_mac(m[2])
+        oy, omac = _y_and_mac(old.msgs["masked"][1])
+        new = {"y of 2 with 1's MAC": y2 + mac1, "2's whole message under 1 (2 present too)": m[2],
+               "old y with the new MAC": oy + mac1, "new y with the old MAC": y1 + omac,
+               "MAC of 2 on 1's y": y1 + mac2}[edit]
+        return {**m, 1: new}
+    _abort_naming(_Instance(seed=6), 1, masked=change)
+
+
+@pytest.mark.parametrize("edit", ["MAC cut by a byte", "MAC moved to the front", "MAC doubled", "MAC only"])
+def test_secagg_a_masked_input_with_its_mac_cut_or_moved_aborts_naming_the_sender(edit):  # held
+    def change(m):
+        y, mac = _y_and_mac(m[2])
+        return {**m, 2: {"MAC cut by a byte": y + mac[:-1], "MAC moved to the front": mac + y,
+                         "MAC doubled": y + mac + mac, "MAC only": mac}[edit]}
+    _abort_naming(_Instance(seed=7), 2, masked=change)
+
+
+@pytest.mark.parametrize("bits", [8, 12, 16, 20, 63, 64])
+@pytest.mark.parametrize("where", ["lowest bit", "bit above the modulus", "MAC bit"])
+def test_secagg_one_altered_bit_of_a_masked_input_aborts_naming_the_sender(bits, where):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import wire_dtype
+    dtype = wire_dtype(bits)
+    x = np.arange(20, dtype=np.int64).reshape(4, 5) % 4
+
+    def change(m):
+        y, mac = _y_and_mac(m[3])
+        if where == "MAC bit":
+            return {**m, 3: y + bytes([mac[0] ^ 0x80]) + mac[1:]}
+        v = np.frombuffer(y, dtype=dtype).astype(np.uint64).copy()
+        bit = 0 if where == "lowest bit" else bits
+        if bit >= 8 * dtype.itemsize:
+            pytest.skip("no bit above the modulus in the wire dtype")
+        v[4] ^= np.uint64(1 << bit)
+        return {**m, 3: v.astype(dtype).tobytes() + mac}
+    _abort_naming(_Instance(seed=8, x=x, bits=bits), 3, masked=change)
+
+
+@pytest.mark.parametrize("bits", [8, 16, 64])
+def test_secagg_honest_instances_sum_exactly_at_each_width(bits):  # held
+    x = (np.arange(20, dtype=np.int64).reshape(4, 5) * 37) % (2 ** min(bits, 62))
+    inst = _Instance(seed=9, x=x, bits=bits)
+    assert inst.exact(inst.run())
+
+
+def _one_instance(m, seed=0, drop_masked=(), bits=32):
+    """run_protocol-like instance of 4 users (t = 3) with vectors of length m, stage by stage; returns
+    (clients, server, masked messages)."""
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggClient, SecAggParams, SecAggServer
+    params = SecAggParams(3, m, bits)
+    clients = {u: SecAggClient(u, np.full(m, u + 1, np.int64), params, np.random.default_rng([seed, u]))
+               for u in range(4)}
+    server = SecAggServer(params)
+    roster = server.collect_keys({u: c.advertise_keys() for u, c in clients.items()})
+    inbox = server.collect_shares({u: c.share_keys(roster) for u, c in clients.items()})
+    return clients, server, {u: c.masked_input(inbox[u]) for u, c in clients.items() if u not in drop_masked}
+
+
+@pytest.mark.parametrize("m", [0, 1])
+@pytest.mark.parametrize("edit", ["honest", "replayed", "MAC flipped", "swapped"])
+def test_secagg_vectors_of_length_0_and_1_sum_exactly_or_abort_naming_the_sender(m, edit):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort
+    _, _, old = _one_instance(m, seed=1)
+    clients, server, masked = _one_instance(m, seed=2)
+    if edit == "replayed":
+        masked[1] = old[1]
+    elif edit == "MAC flipped":
+        masked[1] = masked[1][:-1] + bytes([masked[1][-1] ^ 1])
+    elif edit == "swapped":
+        masked[1], masked[2] = masked[2], masked[1]
+    survivors = server.collect_masked(masked)
+    msgs = {u: clients[u].unmask(survivors) for u in masked}
+    if edit == "honest":
+        assert server.unmask(msgs).tolist() == [10] * m
+    else:
+        with pytest.raises(SecAggAbort, match="client [12]\\b"):
+            server.unmask(msgs)
+
+
+@pytest.mark.parametrize("stage", ["masked_input", "unmasking"])
+def test_secagg_a_replayed_input_combined_with_a_dropout_aborts_naming_it(stage):  # held
+    old = _Instance(seed=1)
+    old.run()
+    inst = _Instance(seed=10).keys().shares()
+    replay = {**{u: inst.clients[u].masked_input(inst.down["shares"][u]) for u in (0, 1, 2)},
+              1: old.msgs["masked"][1]}
+    if stage == "masked_input":  # user 3 dropped before its masked input: s^SK shares rebuilt too
+        inst.msgs["masked"] = replay
+    else:  # user 0 sends its masked input, then drops before Unmasking
+        inst.msgs["masked"] = {**replay, 3: inst.clients[3].masked_input(inst.down["shares"][3])}
+    inst.down["masked"] = inst.server.collect_masked(inst.msgs["masked"])
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort, _ids
+    survivors = [u for u, _ in _ids(inst.down["masked"], 0) if stage != "unmasking" or u != 0]
+    with pytest.raises(SecAggAbort, match="client 1\\b"):
+        inst.server.unmask({u: inst.clients[u].unmask(inst.down["masked"]) for u in survivors})
+
+
+def test_secagg_a_dropped_users_input_sent_under_a_survivors_id_aborts():  # held
+    _abort_naming(_Instance(seed=11), 2, masked=lambda m: {0: m[0], 1: m[1], 2: m[3]})
+
+
+def test_secagg_unmasking_sent_twice_gives_the_same_sum_or_aborts():  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort
+    inst = _Instance(seed=12)
+    first = inst.run().copy()
+    try:
+        again = inst.server.unmask(inst.msgs["unmask"])
+    except SecAggAbort:
+        return
+    assert np.array_equal(first, again)
+
+
+@pytest.mark.parametrize("value", [bytearray(b"\0" * 52), memoryview(b"\0" * 52), "x" * 52, None],
+                         ids=["bytearray", "memoryview", "str", "None"])
+def test_secagg_a_masked_input_of_another_type_aborts_naming_the_sender(value):  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import SecAggAbort
+    with pytest.raises(SecAggAbort, match="client 2\\b"):
+        _Instance(seed=13).run(masked=lambda m: {**m, 2: value})
+
+
+def _mac_keys(clients):
+    import hashlib
+    return [hashlib.sha256(b"secagg mac " + c._b).digest() for c in clients.values() if hasattr(c, "_b")]
+
+
+def test_secagg_the_server_holds_no_mac_key_or_b_after_an_instance_with_dropouts():  # held
+    from fedlab_nb.methods.privacy.secure_aggregation import client_secrets, held_secrets, run_protocol
+    res = run_protocol(np.arange(30, dtype=np.int64).reshape(6, 5), 3,
+                       dropouts={"masked_input": [1], "unmasking": [4]}, seed=3)
+    secrets = client_secrets(res.clients) + _mac_keys(res.clients)
+    assert held_secrets(res.server, secrets) == []
+
+
+def test_secure_fedavg_end_to_end_with_dropouts_sums_and_the_server_holds_no_mac_key(fed10):  # held
+    import fedlab_nb as fl
+    from fedlab_nb.methods.privacy.secure_aggregation import client_secrets, held_secrets, secure_fedavg
+    from probes import KW
+    method = secure_fedavg(client_sizes=fed10.sizes, dropout=0.3, threshold=0.5)
+    h = fl.simulate(method, fed10, rounds=2, clients_per_round=6, seed=0, **KW)
+    assert np.isfinite(h.final("test_acc"))
+    res = method.uplink[-1].last
+    assert held_secrets(res.server, client_secrets(res.clients) + _mac_keys(res.clients)) == []
