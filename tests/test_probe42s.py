@@ -22,7 +22,7 @@ import torch
 from probes import cli, fed10, root_copy  # noqa: F401 (fed10: a fixture)
 from probes import numbered_finding as F_
 from probes import one_line_error
-from test_probe42r import _Instance, _aborts_or_exact, _first_result, _holder, _lock_free, _snapshot, _stand_in
+from test_probe42r import _Instance, _first_result, _holder, _lock_free, _snapshot, _stand_in
 
 from fedlab_nb.repro import files
 
@@ -249,8 +249,8 @@ def test_a_journal_of_deep_json_is_ignored_by_every_reader(tmp_path, monkeypatch
     assert rc in (0, 1) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
 
 
-@pytest.mark.parametrize("journal", ['[["tiny-smoke", 1', b"\xff\xfe\x00junk", "[]", "{}", "null", "[" * 900 + "]" * 900,
-                                     json.dumps([["tiny-smoke.json", 10 ** 4000, 1]])],
+@pytest.mark.parametrize("journal", ['[["tiny-smoke", 1', b"\xff\xfe\x00junk", "[]", "{}", "null",
+                                     "[" * 900 + "]" * 900, json.dumps([["tiny-smoke.json", 10 ** 4000, 1]])],
                          ids=["truncated", "binary", "empty list", "an object", "null", "900 deep", "4000 digits"])
 def test_a_corrupt_journal_is_ignored_and_lists_the_paper(tmp_path, monkeypatch, journal):  # held
     root, results, before = _first_result(tmp_path, monkeypatch)
@@ -723,3 +723,79 @@ def _fixed(m):
 def test_a_fair_sampler_is_never_refused_as_a_whole_draw(K, q, sampling, pick):  # held
     from probes import sampling_check_run
     assert [sampling_check_run(K, q, sampling, pick, 700, seed, drawn=True) for seed in (21, 22)] == [None, None]
+
+
+# ================================================================================ (A) more readers and the run folder
+def test_a_second_reproduce_while_the_disk_still_refuses_is_one_line_and_keeps_the_old_versions(tmp_path,
+                                                                                               monkeypatch):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    real = os.replace
+
+    def sick(a, b):  # every rename into the results folder fails, for both runs (a sick mount)
+        if Path(b).parent == results:
+            raise OSError(errno.EIO, "Input/output error", str(b))
+        return real(a, b)
+    for value in (0.7, 0.9):
+        _stand_in(monkeypatch, figure=f"{value}.png", metrics={"value": value, "double": 2 * value})
+        monkeypatch.setattr(os, "replace", sick)
+        rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+        monkeypatch.setattr(os, "replace", real)
+        one_line_error(rc, err)
+    monkeypatch.undo()
+    cli(["--root", root, "--results", results, "list"])
+    assert _snapshot(results) == before and not list(results.glob(".tiny-smoke.*.running"))
+
+
+def _run_folder(results):
+    (folder,) = (results / "runs").iterdir()
+    return folder
+
+
+def _run_snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not any(s.startswith(".") for s in p.relative_to(folder).parts)}
+
+
+@pytest.mark.parametrize("move", [1, 2, 3])
+def test_a_run_whose_publish_and_undo_fail_is_put_back_by_the_next_run(tmp_path, monkeypatch, move):  # held
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    _stand_in(monkeypatch)
+    assert cli(["--root", root, "--results", results, "run", "tiny"])[0] == 0
+    folder = _run_folder(results)
+    before = _run_snapshot(folder)
+    _second_run(monkeypatch)
+    _failing_publish(monkeypatch, folder, move, undo=OSError)
+    rc, out, err = cli(["--root", root, "--results", results, "run", "tiny"])
+    monkeypatch.undo()
+    assert rc in (1, 130) and "Traceback" not in err and "raised" not in str(rc), (rc, err)
+    _stand_in(monkeypatch, figure="third.png", during=lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    cli(["--root", root, "--results", results, "run", "tiny"])  # recovers first, then is interrupted mid-notebook
+    assert _run_snapshot(folder) == before and not list(folder.glob(".*.running"))
+
+
+def test_a_journal_planted_in_a_run_folder_naming_its_parameters_moves_nothing(tmp_path, monkeypatch):  # held
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    _stand_in(monkeypatch)
+    assert cli(["--root", root, "--results", results, "run", "tiny"])[0] == 0
+    folder = _run_folder(results)
+    before = _run_snapshot(folder)
+    stage = _plant(folder, [["parameters.json", 1, 2], ["tiny-smoke.json", 3, 4]])
+    (stage / "parameters.json.old").write_text('{"command": "rm -rf ~"}')
+    _stand_in(monkeypatch, during=lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    cli(["--root", root, "--results", results, "run", "tiny"])
+    cli(["--root", root, "--results", results, "list"])
+    assert _run_snapshot(folder) == before
+
+
+def test_simulate_with_every_update_dropped_as_non_finite_still_gives_the_rule_the_draw(fed10, monkeypatch):  # held
+    import fedlab_nb as fl
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    from probes import KW
+    seen = _recording(monkeypatch)
+    method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.3)
+    thetas = []
+    with pytest.warns(UserWarning):
+        fl.simulate(method, fed10, rounds=3, clients_per_round=sampler, seed=0, on_nonfinite="drop",
+                    callback=lambda r, t, row: thetas.append(t.clone()), **{**KW, "lr": float("inf")})
+    assert seen == [(d, True) for d in _draws(sampler, 10, 3)]
+    assert all(torch.isfinite(t).all() for t in thetas) and not torch.equal(thetas[0], thetas[1])
