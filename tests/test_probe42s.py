@@ -122,15 +122,19 @@ def test_a_publish_failing_at_each_move_and_undo_step_is_put_back_by_list(tmp_pa
 # failed leaves the journal as it was; the next recovery finds that name holding its old version with no `.old`
 # beside it, takes it for "something else", and keeps the journal and staging folder for good, their identities
 # stale (the undone new version's inode is free and reused, see the next test)
-@pytest.mark.parametrize("undo_step", [2, pytest.param(3, marks=F_(4, "an undo failing after it put the notebook back "
-                                                                "leaves a journal no later recovery removes"))])
-def test_an_undo_failing_at_a_later_step_is_finished_by_the_next_reproduce(tmp_path, monkeypatch, undo_step):
+STALE = F_(4, "an undo stopped after it put the notebook back leaves a journal no later recovery removes")
+
+
+@pytest.mark.parametrize("undo, undo_step", [(OSError, 2), pytest.param(OSError, 3, marks=STALE),
+                                             (KeyboardInterrupt, 2), pytest.param(KeyboardInterrupt, 3, marks=STALE)],
+                         ids=["EIO at 2", "EIO at 3", "Ctrl-C at 2", "Ctrl-C at 3"])
+def test_an_undo_failing_at_a_later_step_is_finished_by_the_next_reproduce(tmp_path, monkeypatch, undo, undo_step):
     root, results, before = _first_result(tmp_path, monkeypatch)
     _second_run(monkeypatch)
-    _failing_publish(monkeypatch, results, move=3, undo=OSError, undo_step=undo_step)
+    _failing_publish(monkeypatch, results, move=3, undo=undo, undo_step=undo_step)
     rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
     monkeypatch.undo()
-    one_line_error(rc, err)
+    assert rc in (1, 130) and "Traceback" not in err and len(err.strip().splitlines()) <= 1, (rc, err)
     _stand_in(monkeypatch, figure="third.png", metrics={"value": 0.9, "double": 1.8})
     rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
     assert rc == 0, (rc, err)
@@ -799,3 +803,16 @@ def test_simulate_with_every_update_dropped_as_non_finite_still_gives_the_rule_t
                     callback=lambda r, t, row: thetas.append(t.clone()), **{**KW, "lr": float("inf")})
     assert seen == [(d, True) for d in _draws(sampler, 10, 3)]
     assert all(torch.isfinite(t).all() for t in thetas) and not torch.equal(thetas[0], thetas[1])
+
+
+def test_a_failed_publish_into_a_results_path_with_escapes_prints_none(tmp_path, monkeypatch):  # held
+    from probes import clean
+    root, results = root_copy(tmp_path), tmp_path / "res\x1b[31m\u202e"
+    _stand_in(monkeypatch)
+    assert cli(["--root", root, "--results", results, "reproduce", "tiny"])[0] == 0
+    _second_run(monkeypatch)
+    _failing_publish(monkeypatch, results, move=2, undo=OSError)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    one_line_error(rc, err)
+    assert clean(err) and clean(out) and "could not be put back" in err
