@@ -143,13 +143,27 @@ def test_an_undo_failing_at_a_later_step_is_finished_by_the_next_reproduce(tmp_p
     assert not list(results.glob(".tiny-smoke.*.running"))
 
 
-@pytest.mark.parametrize("reader", [["list"], ["report"], ["reproduce", "tiny"]])
+@pytest.mark.parametrize("reader", [["list"], ["report"], ["reproduce", "tiny", "--force"]])
 def test_a_stranded_publish_is_put_back_by_each_reader(tmp_path, monkeypatch, reader):  # held
     root, results, before = _stranded(tmp_path, monkeypatch)
-    _stand_in(monkeypatch)  # an up-to-date reproduce: the old result is kept, not rerun
+    _stand_in(monkeypatch)
     rc, out, err = cli(["--root", root, "--results", results, *reader])
     assert "Traceback" not in err and "raised" not in str(rc), (rc, err)
-    assert _results_of(results) == before
+    if reader[0] == "reproduce":  # a forced run, published over the restored old result
+        assert rc == 0 and sorted(p.name for p in (results / "tiny-smoke").iterdir()) == ["metrics.json", "new.png"]
+    else:
+        assert _results_of(results) == before
+
+
+# finding 9: reproduce decides whether the stored result is up to date (_outputs_intact) before staging() puts a
+# stranded publish's old versions back, so the killed run's figures make a current result look stale: it is run
+# again, and a rerun that fails (no GPU any more, a changed environment) replaces the good result with an ERROR one
+@F_(9, "after a stranded publish, `reproduce` of an up-to-date result reruns it (a failing rerun replaces it)")
+def test_a_stranded_publish_then_reproduce_of_an_up_to_date_result_keeps_it(tmp_path, monkeypatch):
+    root, results, before = _stranded(tmp_path, monkeypatch)
+    _stand_in(monkeypatch, error="RuntimeError")  # were it run again, this run would fail
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny"])
+    assert rc == 0 and _snapshot(results) == before, (rc, out[:300])
 
 
 def test_a_journal_unlink_failing_after_every_move_is_one_line_and_leaves_one_coherent_result(tmp_path,
@@ -187,14 +201,34 @@ def test_recovery_waits_while_another_process_holds_the_lock_then_happens(tmp_pa
 
 def test_a_newer_result_put_in_place_after_a_kill_is_never_deleted(tmp_path, monkeypatch):  # held
     root, results, before = _stranded(tmp_path, monkeypatch)
-    shutil.rmtree(results / "tiny-smoke")  # the user puts a newer result in place by hand (other inodes)
-    (results / "tiny-smoke").mkdir()
-    (results / "tiny-smoke" / "newer.png").write_bytes(b"newer")
+    (results / "newer").mkdir()  # made while the stranded folder still holds its inode: never the same identity
+    (results / "newer" / "newer.png").write_bytes(b"newer")
+    shutil.rmtree(results / "tiny-smoke")
+    os.replace(results / "newer", results / "tiny-smoke")
     (results / "tiny-smoke.json").unlink()
     (results / "tiny-smoke.json").write_text('{"newer": true}')
     cli(["--root", root, "--results", results, "list"])
     assert (results / "tiny-smoke" / "newer.png").read_bytes() == b"newer"
     assert json.loads((results / "tiny-smoke.json").read_text()) == {"newer": True}
+
+
+@F_(4, "a newer figures folder made after a kill on the freed inode the journal names is deleted by list")
+def test_a_newer_figures_folder_on_a_reused_inode_is_never_deleted(tmp_path, monkeypatch):
+    root, results, before = _stranded(tmp_path, monkeypatch)
+    stage = next(results.glob(".tiny-smoke.*.running"))
+    want = {tuple(e[1:]) for e in json.loads((stage / files.JOURNAL).read_text()) if e[0] == "tiny-smoke"}
+    shutil.rmtree(results / "tiny-smoke")  # the user clears the killed run's figures and makes new ones
+    for i in range(200):  # ext4 hands a freed directory inode back now and then (1 run in 4 of the plain mkdir)
+        (results / "tiny-smoke").mkdir()
+        st = os.stat(results / "tiny-smoke")
+        if (st.st_dev, st.st_ino) in want:
+            break
+        (results / "tiny-smoke").rename(results / f".spare{i}")
+    else:
+        pytest.skip("this file system never handed back the freed inode")
+    (results / "tiny-smoke" / "newer.png").write_bytes(b"newer")
+    cli(["--root", root, "--results", results, "list"])
+    assert (results / "tiny-smoke" / "newer.png").is_file(), "list deleted the newer figures folder"
 
 
 def test_two_journals_for_one_paper_a_planted_one_and_a_real_one(tmp_path, monkeypatch):  # held
