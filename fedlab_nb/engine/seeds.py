@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..core.method import ClientUpdate, Method
+from ..core.method import ChecksSampler, ClientUpdate, Method, declares
 from ..core.messages import Messages
 from ..core.streams import SAMPLE
 from ..data.federated import FederatedDataset
@@ -31,9 +31,9 @@ from .client import make_loss
 from .evaluate import Evaluator
 from .history import History
 from .rows import RoundRows
-from .sampling import make_sampler
-from .server import (RoundSetup, RunConfig, build_model, check_model_outputs, choose_backend, finish_clients, kernel, round_info, round_jobs,
-                     server_update)
+from .sampling import check_sampled, make_sampler
+from .server import (RoundSetup, RunConfig, build_model, check_model_outputs, choose_backend, empty_info, finish_clients,
+                     kernel, quiet_round, round_info, round_jobs, server_update)
 
 
 def seed_batchable(method: Method) -> str | None:
@@ -56,6 +56,9 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
                    backend: str = "auto", model_kwargs: dict | None = None) -> list[History]:
     """One `History` per seed, as `simulate(method, fed, model, seed=s, ...)` would return, computed with the
     S runs' clients trained together. `fed`: one federated data set for every seed, or `fed(seed)`."""
+    if not isinstance(method, Method):
+        raise TypeError(f"method must be a fedlab_nb Method, got {type(method).__name__}; build one with "
+                        "fedlab_nb.get_method(name)")
     why = seed_batchable(method)
     if why is not None:
         raise ValueError(f"simulate_seeds cannot batch this method: {why}; run simulate once per seed instead")
@@ -81,19 +84,26 @@ def simulate_seeds(method: Method, fed: FederatedDataset | Callable[[int], Feder
     thetas = [flatten_params(m).to(f.device) for m, f in zip(models, feds)]
     states = [method.init_state(t, f.num_clients) for t, f in zip(thetas, feds)]
     samplers = [make_sampler(clients_per_round, f.num_clients) for f in feds]
+    if declares(method.rule, ChecksSampler):  # DP: the sampling its accountant assumes, before round 1 (as simulate)
+        for smp, f in zip(samplers, feds):
+            method.rule.check_sampler(smp, f.num_clients)
     evaluators = [Evaluator(m, f, None) for m, f in zip(models, feds)]
     rows, reused = [[] for _ in seeds], RoundRows()
     t0 = time.perf_counter()
     for r in range(rounds):
-        ids = [smp(r, f.num_clients, rng(s, SAMPLE, r)) for smp, f, s in zip(samplers, feds, seeds)]
+        ids = [check_sampled(smp(r, f.num_clients, rng(s, SAMPLE, r)), f.num_clients, r)
+               for smp, f, s in zip(samplers, feds, seeds)]
         jobs = [round_jobs(s, r, i) if len(i) else [] for s, i in zip(setups, ids)]
         W = _train_together(train, loss_fn, method, thetas, jobs, lr, groups, reused)
         for i in range(len(seeds)):
             row = {"round": r + 1, "n_sampled": int(len(ids[i])), "train_loss": float("nan"), "bytes_up": 0,
                    "bytes_down": 0}
             if len(ids[i]):
-                thetas[i], states[i], row["train_loss"] = _server_half(setups[i], states[i], thetas[i], W[i], r,
-                                                                       ids[i], jobs[i])
+                thetas[i], states[i], out = _server_half(setups[i], states[i], thetas[i], W[i], r, ids[i], jobs[i])
+            else:  # as simulate: DP still releases a noised θ (and its accountant's ε) in a round nobody was sampled in
+                thetas[i], states[i], out = quiet_round(method, states[i], thetas[i],
+                                                        empty_info(setups[i], r, thetas[i], ids[i]), groups)
+            row.update(out)
             if (r + 1) % eval_every == 0 or r + 1 == rounds:
                 row.update(evaluators[i](thetas[i]))
             rows[i].append(row)
@@ -123,8 +133,9 @@ def _server_half(s: RoundSetup, state, theta, trained, r, ids, jobs):
     W, losses = trained
     entries, _ = finish_clients(s, {"w": W.clone()}, theta, {"theta": theta}, {}, jobs)
     msgs = Messages(entries, np.asarray(ids))
-    return server_update(s.method, state, theta, round_info(s, r, ids, jobs, theta, msgs), msgs, losses,
-                         s.cfg.on_nonfinite, s.groups)
+    theta, state, loss = server_update(s.method, state, theta, round_info(s, r, ids, jobs, theta, msgs, ids), msgs,
+                                       losses, s.cfg.on_nonfinite, s.groups)
+    return theta, state, {"train_loss": loss, **s.method.round_metrics(state)}
 
 
 def _history(method, fed, cfg, rows, theta, model, seconds) -> History:

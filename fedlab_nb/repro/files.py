@@ -13,8 +13,10 @@ puts the old versions back (`recover_publishes`), so the old result never stays 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -88,7 +90,7 @@ def read_regular(path, limit: int) -> bytes:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UnsafePathError(f"{path} is not a regular file (a FIFO, a device or a folder); remove it or "
                                   "replace it with a file")
-        data = f.read(limit + 1)
+        data = f.read(min(os.fstat(fd).st_size, limit) + 1)  # a buffered read allocates all it is asked for
     if len(data) > limit:
         raise UnsafePathError(f"{path} is over {limit} bytes; remove it or replace it with a smaller file")
     return data
@@ -196,6 +198,7 @@ def _holder(path: Path) -> str:
 
 # ----------------------------------------------------------------------------------- staging and publishing
 JOURNAL = "publishing.json"  # in a staging folder while its publish moves files: what to undo if it is killed
+DIGEST = re.compile(r"[fd]:[0-9a-f]{64}")  # a journal's record of a new version (see _identity)
 
 
 @contextlib.contextmanager
@@ -204,16 +207,23 @@ def staging(out_dir, stem: str):
     by killed runs of the same stem are removed first, once a publish killed part-way has had its old versions
     put back (call it under `run_lock`)."""
     out_dir = make_folder(out_dir)
-    for old in out_dir.glob(f".{stem}.*.running"):
-        _recover(old, out_dir)  # a publish killed part-way: its old versions go back first
-        if old.is_dir() and not old.is_symlink() and not (old / JOURNAL).exists():
-            shutil.rmtree(old, ignore_errors=True)
+    recover_run(out_dir, stem)
     folder = Path(tempfile.mkdtemp(prefix=f".{stem}.", suffix=".running", dir=out_dir))
     try:
         yield folder
     finally:
         if not (folder / JOURNAL).exists():  # else a publish could not put the old versions back: keep them
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def recover_run(out_dir, stem: str) -> None:
+    """Put back the old versions a publish of `stem` killed part-way left, then remove the staging folders of its
+    killed runs (call it under `run_lock`, before reading the old result)."""
+    out_dir = Path(out_dir)
+    for old in out_dir.glob(f".{stem}.*.running"):
+        _recover(old, out_dir)
+        if old.is_dir() and not old.is_symlink() and not (old / JOURNAL).exists():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def publish(folder: Path, out_dir, names) -> None:
@@ -230,8 +240,8 @@ def publish(folder: Path, out_dir, names) -> None:
             kind = "folder" if final.is_dir() else "file"
             raise UnsafePathError(f"{final} is a {kind} where fedlab-nb writes a {'file' if kind == 'folder' else 'folder'}"
                                   "; move it away")
-    journal = folder / JOURNAL  # what a killed publish must undo: each name and its new version's identity
-    write_atomic(journal, json.dumps([[final.name, *_identity(new)] for new, final in moves]))
+    journal = folder / JOURNAL  # what a killed publish must undo: each name and its new version's content digest
+    write_atomic(journal, json.dumps([[final.name, _identity(new)] for new, final in moves]))
     try:
         for new, final in moves:
             _set_aside(final, folder / f"{final.name}.old")
@@ -295,47 +305,90 @@ def _recover(folder: Path, out_dir: Path, names=None) -> bool:
     if folder.is_symlink() or not journal.is_file() or journal.is_symlink():
         return False
     try:
-        entries = json.loads(journal.read_text()[:100_000])
-    except (OSError, ValueError):
+        entries = json.loads(read_regular(journal, 100_000))
+    except (OSError, ValueError, RecursionError, ReproError):  # unreadable, too long, not JSON or too deep
         return False
     if not isinstance(entries, list) or not all(_journal_entry(e, stem, names) for e in entries):
         return False  # not a journal this package wrote: nothing in it is followed, the folder is kept
-    whole = all([_restore(folder, out_dir, name, (dev, ino)) for name, dev, ino in reversed(entries)])
+    whole = all([_restore(folder, out_dir, name, new_id) for name, new_id in reversed(entries)])
     if whole:
         journal.unlink()
     return whole
 
 
-def _restore(folder: Path, out_dir: Path, name: str, new_id: tuple) -> bool:
-    """Put `name`'s old version back over its new one; False when `out_dir/name` is something else."""
+def _restore(folder: Path, out_dir: Path, name: str, new_id: str) -> bool:
+    """Put `name`'s old version back over its new one; False when `out_dir/name` is something else (left as it is,
+    with the old version kept in `folder`)."""
     final, old, new = out_dir / name, folder / f"{name}.old", folder / name
+    here = _identity(final)
     if _identity(new) == new_id:  # the new version never moved in: only a folder set aside has to go back
-        if old.exists() and _identity(final) is None:
+        if old.exists() and here is None:
             os.replace(old, final)
         return True
-    here = _identity(final)
-    if here is not None and here not in (new_id, _identity(old)):  # something else is there now: leave it
+    if not old.exists():  # nothing was set aside, or the old version is back already: only the new one goes
+        if here == new_id:
+            _remove(final)
+        return True
+    if here is not None and here not in (new_id, _identity(old)):  # something newer is there now: leave it
         return False
-    if here == new_id:  # the new version moved in
-        shutil.rmtree(final) if stat.S_ISDIR(os.stat(final, follow_symlinks=False).st_mode) else final.unlink()
-    if old.exists():
-        os.replace(old, final)
+    if here == new_id:
+        _remove(final)
+    os.replace(old, final)
     return True
 
 
-def _identity(path: Path):
+def _remove(path: Path) -> None:
+    shutil.rmtree(path) if stat.S_ISDIR(os.stat(path, follow_symlinks=False).st_mode) else path.unlink()
+
+
+def _identity(path: Path) -> str | None:
+    """A publish's versions by content: "f:" and the sha256 of a file, "d:" and that of a folder's tree (names,
+    kinds, file contents); None when missing. Not (device, inode): a results folder copied elsewhere still matches,
+    and a newer file given a freed inode number does not."""
     try:
         st = os.stat(path, follow_symlinks=False)
-    except OSError:
+        h = hashlib.sha256()
+        if stat.S_ISDIR(st.st_mode):
+            _tree_digest(path, h)
+            return "d:" + h.hexdigest()
+        if stat.S_ISREG(st.st_mode):
+            _file_digest(path, h)
+            return "f:" + h.hexdigest()
+    except FileNotFoundError:
         return None
-    return st.st_dev, st.st_ino
+    except (OSError, RecursionError, ValueError):
+        pass
+    return "unreadable"  # matches no digest: never taken for a version this package moved
+
+
+def _file_digest(path, h) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+
+
+def _tree_digest(path, h) -> None:
+    for entry in sorted(os.scandir(path), key=lambda e: e.name):
+        h.update(entry.name.encode("utf-8", "surrogateescape") + b"\0")
+        if entry.is_dir(follow_symlinks=False):
+            h.update(b"d(")
+            _tree_digest(entry.path, h)
+            h.update(b")")
+        elif entry.is_file(follow_symlinks=False):
+            h.update(b"f")
+            _file_digest(entry.path, h)
+        else:  # a link or special file: its kind only, never followed
+            h.update(b"o")
 
 
 def _journal_entry(entry, stem: str, names=None) -> bool:
-    """[name, dev, ino] with a name of this staging folder's run (its stem, stem.<suffix> or parameters.json) or,
-    when given, one of `names`."""
-    if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
-            and all(type(n) is int for n in entry[1:])):
+    """[name, digest] with a name of this staging folder's run (its stem, stem.<suffix> or parameters.json) or,
+    when given, one of `names`, and a digest as `_identity` writes it."""
+    if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)
+            and DIGEST.fullmatch(entry[1])):
         return False
     name = entry[0]
     if names is not None:

@@ -172,7 +172,7 @@ def _read_text(path: Path) -> str:
             raise OSError("not a regular file")
         if info.st_size > MAX_BYTES:
             raise OSError(f"{info.st_size} bytes, more than a result file's {MAX_BYTES}")
-        return f.read(MAX_BYTES + 1).decode()
+        return f.read(info.st_size + 1).decode()  # not MAX_BYTES + 1: a buffered read allocates what it is asked
 
 
 def _depth(data) -> int:

@@ -29,7 +29,7 @@ import nbformat
 
 from .claims import (ERROR, ROOT_ENV, PACKAGE_ROOT, Paper, ReproError, default_root, judge_detail, load_paper,
                      SCALE_NAME, role_counts, headline_verdict, report_values)
-from .files import UnsafePathError, make_folder, publish, refuse_link, run_lock, staging, user_path
+from .files import UnsafePathError, make_folder, publish, recover_run, refuse_link, run_lock, staging, user_path
 from .recording import METRICS_FILE, RUN_DIR_ENV, write_json_atomic
 from .results import StaleResultWarning, file_digest, printable, read_result, safe_output
 
@@ -530,6 +530,7 @@ def reproduce(paper_id: str, scale: str = "smoke", force: bool = False, paramete
     stem = f"{paper.id}-{scale}"
     _refuse_links(out_dir, stem)
     with run_lock(out_dir, paper.id, scale):  # one run of a paper at a time
+        recover_run(out_dir, stem)  # a publish killed part-way: its old result is whole again before it is judged
         if refuse_link(path).exists() and not force:
             old, problem = read_result(path)
             if problem:  # a corrupt result is stale: say so, run again

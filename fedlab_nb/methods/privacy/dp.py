@@ -44,7 +44,7 @@ from ...core.messages import Messages, Transform
 from ...core.streams import register_stream
 from ...core.method import weighted_mean
 from . import accounting, sampling_tests
-from ...engine.sampling import BernoulliSampler, UniformSampler
+from ...engine.sampling import BernoulliSampler, UniformSampler, check_sampled
 from ...utils import check_number
 
 CENTRAL_NOISE = register_stream("dp_central_noise", 21)     # the server's Gaussian noise on the update
@@ -157,6 +157,20 @@ def adaptive_noise_split(noise_multiplier: float, expected_clients: float,
 
 
 # --- central DP: the server rule ---------------------------------------------------------------------------
+def _round_ids(info, K: int) -> np.ndarray:
+    """The ids the sampling tests see, checked (a custom server loop builds RoundInfo by hand): the sampler's whole
+    draw `info.sampled` when given, else the aggregated clients; distinct ids in 0 … K-1, every aggregated one drawn."""
+    aggregated = check_sampled(np.asarray(info.client_ids), K, info.round)
+    if info.sampled is None:
+        return aggregated
+    drawn = check_sampled(np.asarray(info.sampled), K, info.round)
+    strangers = sorted(set(np.asarray(aggregated).tolist()) - set(np.asarray(drawn).tolist()))
+    if strangers:
+        raise ValueError(f"round {info.round + 1}: clients {strangers[:5]} were aggregated but are not in the round's "
+                         "draw (RoundInfo.sampled); pass the sampler's whole draw as sampled, or leave it None")
+    return drawn
+
+
 @dataclass
 class DPAggregate:
     """DP-FedAvg's server side as a stateful rule: the estimator f̃_f ("fixed") or f̃_c ("clipped") of the
@@ -267,7 +281,7 @@ class DPAggregate:
                              "it because uses_context = True)")
         state = dict(state)
         drawn = info.sampled is not None  # the sampler's draw, stragglers and dropped updates included
-        ids = info.sampled if drawn else info.client_ids
+        ids = _round_ids(info, state["K"])
         self._check_sampling(state, len(ids), ids, drawn)
         weights = torch.ones(len(deltas), dtype=deltas.dtype, device=deltas.device) if weights is None else weights
         self._check_inputs(state, deltas, weights)
