@@ -93,3 +93,19 @@ def test_a_journal_acts_only_on_the_versions_it_names(tmp_path):
     (stage / files.JOURNAL).write_text(json.dumps([["p-smoke.json", files._identity(out / "p-smoke.json")]]))
     files.recover_publishes(out)  # the version matches (a "new version where there was none"): only that file goes
     assert sorted(_snapshot(out)) == ["p-smoke.ipynb", "p-smoke/fig.png"]
+
+
+def test_a_version_is_known_by_its_content_not_its_inode(tmp_path):
+    out = _results(tmp_path, "v1")
+    folder, file = files._identity(out / "p-smoke"), files._identity(out / "p-smoke.json")
+    assert folder.startswith("d:") and file.startswith("f:") and files.DIGEST.fullmatch(folder)
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)  # other inodes, same content: the same versions
+    assert (files._identity(copy / "p-smoke"), files._identity(copy / "p-smoke.json")) == (folder, file)
+    (out / "p-smoke.json").write_text("v2")  # the same inode, newer content: another version
+    (out / "p-smoke" / "fig.png").write_text("v2")
+    assert files._identity(out / "p-smoke.json") != file and files._identity(out / "p-smoke") != folder
+    assert files._identity(out / "missing") is None
+    os.mkfifo(out / "p-smoke" / "pipe")  # a FIFO inside is counted by kind, never opened
+    assert files.DIGEST.fullmatch(files._identity(out / "p-smoke"))
