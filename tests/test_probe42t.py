@@ -307,7 +307,7 @@ def test_the_dp_rule_takes_an_empty_float_round_as_a_noised_empty_round():  # he
 # simulate_seeds end in a bare TypeError deep in local_job, and the DP rule's hand-built RoundInfo in "unhashable
 # type: 'list'" (a custom sampler's wrong answer is refused naming the round everywhere else)
 @F_(5, "an empty 2-D draw passes check_sampled and ends in a bare TypeError")
-@pytest.mark.parametrize("where", ["simulate", "simulate_seeds", "dp rule"])
+@pytest.mark.parametrize("where", ["simulate", "simulate_seeds", "dp rule", "flower"])
 def test_an_empty_two_dimensional_draw_is_refused_naming_the_round(fed10, where):
     import fedlab_nb as fl
     from fedlab_nb.core.method import Method
@@ -320,8 +320,14 @@ def test_an_empty_two_dimensional_draw_is_refused_naming_the_round(fed10, where)
         elif where == "simulate_seeds":
             simulate_seeds(Method("fedavg"), fed10, "logreg", seeds=[0], rounds=1,
                            clients_per_round=lambda r, K, g: draw, local_steps=1, batch_size=2)
-        else:
+        elif where == "dp rule":
             _dp_round(draw, np.empty(0, np.int64), rows=0)
+        else:
+            pytest.importorskip("flwr")
+            from fedlab_nb.flower import MethodStrategy, _setup
+            s = MethodStrategy(_setup("fedavg", fed10, "logreg", rounds=1, clients_per_round=lambda r, K, g: draw))
+            s.nodes = {k: 100 + k for k in range(10)}
+            s.configure_train(1, None, None, None)
 
 
 # ================================================================================ (B) simulate_seeds against simulate
@@ -452,3 +458,112 @@ def test_a_dp_run_resumed_from_a_checkpoint_written_in_an_empty_round_equals_the
     whole = fl.simulate(method, fed10, rounds=5, clients_per_round=sampler, seed=0, **KW)
     assert torch.equal(resumed.theta, whole.theta) and resumed["epsilon"].tolist() == whole["epsilon"].tolist()
     assert np.isfinite(whole["epsilon"]).all()
+
+
+# ================================================================================ (C) the Flower adapter's replies
+def _raw_reply(metrics, k=0):
+    """A reply of client k whose metrics record is `metrics` (a flwr record of any kind), with a plain Δ."""
+    from flwr.app import Array, ArrayRecord
+    return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k),
+                           content={"metrics": metrics, "message": ArrayRecord({"delta": Array(np.zeros(650, np.float32))})})
+
+
+# finding 7: a refused reply's error copies the client's values uncut (`{k!r}`, the metrics' names and values): a
+# client-id of a 1 MB string, a metrics record of 10,000 long names or an Array as client-id gives the server a 1-16 MB
+# error line for its log and terminal (a failed reply's reason is cut to 300 characters by _client_text)
+@F_(7, "Flower's refusals copy a client's values uncut: a 1 MB client-id gives a 1 MB error line")
+@pytest.mark.parametrize("what", ["a 1 MB client-id", "an Array as client-id", "10,000 extra metric names",
+                                  "a 1 MB num-examples"])
+def test_a_refused_flower_reply_gives_a_short_error_naming_the_client(fed10, what):
+    from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
+    from probes import flower_strategy
+    good = {"client-id": 0, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 4}
+    metrics = {"a 1 MB client-id": lambda: ConfigRecord({**good, "client-id": "x" * 10 ** 6}),
+               "an Array as client-id": lambda: ArrayRecord({"client-id": Array(np.zeros(10 ** 5, np.float32))}),
+               "10,000 extra metric names": lambda: MetricRecord({**good, **{"k" * 100 + str(i): 1 for i in range(10 ** 4)}}),
+               "a 1 MB num-examples": lambda: ConfigRecord({**good, "num-examples": "9" * 10 ** 6})}[what]()
+    s = flower_strategy(fed10)
+    with pytest.raises(ValueError, match="node 100|client 0") as e:
+        s.aggregate_train(1, [_raw_reply(metrics)])
+    assert len(str(e.value)) < 2000, f"an error of {len(str(e.value))} characters"
+
+
+# finding 8: a Δ of big-endian float32 (what a big-endian client, s390x, sends natively; Flower's Array keeps the byte
+# order) is refused with a message that names the same thing twice: "has entries ['delta' float32 (650,)], not the
+# method's ['delta' float32 (650,)]" (the spec compares dtype.str, '>f4' vs '<f4', but prints the dtype's name)
+@F_(8, "a big-endian float32 Δ is refused as \"float32 (650,), not the method's float32 (650,)\"")
+def test_a_big_endian_float32_delta_is_accepted_or_refused_saying_why(fed10):
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    try:
+        s.aggregate_train(1, [flower_reply(s, 0, np.full(s.theta.numel(), 0.01, ">f4")), flower_reply(s, 1)])
+    except ValueError as e:
+        assert "client 0" in str(e) and ("endian" in str(e) or ">f4" in str(e) or "byte order" in str(e)), str(e)
+
+
+def test_a_non_contiguous_delta_aggregates_as_its_contiguous_copy(fed10):  # held
+    from probes import flower_reply, flower_strategy
+    a, b = flower_strategy(fed10), flower_strategy(fed10)
+    strided = np.arange(2 * a.theta.numel(), dtype=np.float32)[::2] * 1e-4
+    a.aggregate_train(1, [flower_reply(a, 0, strided), flower_reply(a, 1)])
+    b.aggregate_train(1, [flower_reply(b, 0, np.ascontiguousarray(strided)), flower_reply(b, 1)])
+    assert torch.equal(a.theta, b.theta)
+
+
+@pytest.mark.parametrize("bad", ["-inf train-loss", "inf delta", "every reply NaN"])
+def test_flower_on_nonfinite_drop_drops_only_the_bad_reply(fed10, bad):  # held
+    from probes import flower_reply, flower_strategy
+    s = flower_strategy(fed10, on_nonfinite="drop")
+    n = s.theta.numel()
+    replies = {"-inf train-loss": [flower_reply(s, 0, **{"train-loss": -float("inf")}), flower_reply(s, 1)],
+               "inf delta": [flower_reply(s, 0, np.full(n, np.inf, np.float32)), flower_reply(s, 1)],
+               "every reply NaN": [flower_reply(s, k, np.full(n, np.nan, np.float32)) for k in (0, 1)]}[bad]
+    before = s.theta.clone()
+    s.aggregate_train(1, replies)
+    assert torch.isfinite(s.theta).all()
+    if bad == "every reply NaN":
+        assert torch.equal(s.theta, before)
+    else:
+        one = flower_strategy(fed10)
+        one.aggregate_train(1, [flower_reply(one, 1)])
+        assert torch.allclose(s.theta, one.theta)
+
+
+def test_a_failed_replys_long_hostile_reason_is_logged_cut_and_escaped(fed10, caplog):  # held
+    from probes import clean, flower_reply, flower_strategy
+    s = flower_strategy(fed10)
+    failed = SimpleNamespace(has_error=lambda: True, metadata=SimpleNamespace(src_node_id=102),
+                             error=SimpleNamespace(reason="\x1b]0;owned\x07\u202e\r\n" * 10 ** 5))
+    with caplog.at_level("WARNING"):
+        s.aggregate_train(1, [flower_reply(s, 0), failed])
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "node 102" in text and clean(text) and len(text) < 1000
+
+
+# ================================================================================ (C) the CLI: printing and paths
+HOSTILE = "\x1b[31mX\u202eY\x07\r"
+
+
+@pytest.mark.parametrize("args", [["list", "--verdict", HOSTILE], ["list", "--chapter", HOSTILE],
+                                  ["reproduce", "tiny", "--scale", HOSTILE], ["params", HOSTILE],
+                                  ["run", "tiny", "-p", HOSTILE, "1"], ["run", "tiny", "-p", "n_points", HOSTILE],
+                                  ["history", HOSTILE + ".csv"], ["figures", "check", "tiny", "--from", HOSTILE],
+                                  ["data", "fetch", HOSTILE], ["reproduce", HOSTILE]],
+                         ids=["verdict", "chapter", "scale", "params id", "-p name", "-p value", "history path",
+                              "figures --from", "data fetch", "reproduce id"])
+def test_hostile_command_line_values_are_never_printed_raw(tmp_path, monkeypatch, args):  # held
+    from probes import clean
+    root, results, _ = _first_result(tmp_path, monkeypatch)
+    rc, out, err = cli(["--root", root, "--results", results, *args])
+    assert "Traceback" not in err and "raised" not in str(rc) and clean(out) and clean(err), (rc, err)
+
+
+@pytest.mark.parametrize("where", ["/dev/null", "a FIFO", "under a FIFO", "/proc/self/fd/0", "/sys/fedlab_probe"])
+@pytest.mark.parametrize("cmd", [["reproduce", "tiny"], ["report"], ["run", "tiny"], ["lab", "--dry-run"]])
+def test_a_results_path_at_a_device_or_a_fifo_is_one_line_and_non_zero(tmp_path, monkeypatch, where, cmd):  # held
+    root = root_copy(tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+    results = {"a FIFO": tmp_path / "fifo", "under a FIFO": tmp_path / "fifo" / "sub"}.get(where, where)
+    _stand_in(monkeypatch)
+    rc, out, err = cli(["--root", root, "--results", results, *cmd])
+    one_line_error(rc, err)
