@@ -567,3 +567,68 @@ def test_a_results_path_at_a_device_or_a_fifo_is_one_line_and_non_zero(tmp_path,
     _stand_in(monkeypatch)
     rc, out, err = cli(["--root", root, "--results", results, *cmd])
     one_line_error(rc, err)
+
+
+# ================================================================================ (A) more: run folders, sizes
+def test_a_stranded_run_folder_copied_elsewhere_is_put_back_by_the_next_run_there(tmp_path, monkeypatch):  # held
+    from test_probe42s import _run_folder, _run_snapshot
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    _stand_in(monkeypatch)
+    assert cli(["--root", root, "--results", results, "run", "tiny"])[0] == 0
+    before = _run_snapshot(_run_folder(results))
+    _second_run(monkeypatch)
+    _failing_publish(monkeypatch, _run_folder(results), move=3, undo=KeyboardInterrupt)
+    assert cli(["--root", root, "--results", results, "run", "tiny"])[0] == 130
+    monkeypatch.undo()
+    copy = tmp_path / "copied"
+    shutil.copytree(results, copy, symlinks=True)
+    _stand_in(monkeypatch, during=lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    cli(["--root", root, "--results", copy, "run", "tiny"])  # recovers first, then is interrupted mid-notebook
+    assert _run_snapshot(_run_folder(copy)) == before and not list(_run_folder(copy).glob(".*.running"))
+
+
+def test_a_figures_folder_of_two_thousand_files_publishes_and_recovers(tmp_path, monkeypatch):  # held
+    def many():
+        from fedlab_nb.repro.recording import RUN_DIR_ENV
+        for i in range(2000):
+            (Path(os.environ[RUN_DIR_ENV]) / f"f{i}.png").write_bytes(b"%d" % i)
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _stand_in(monkeypatch, figure="other.png", metrics={"value": 0.7, "double": 1.4}, during=many)
+    _failing_publish(monkeypatch, results, move=3, undo=KeyboardInterrupt)
+    cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    _list(root, results)
+    assert _snapshot(results) == before
+
+
+@F_(1, "a planted journal naming a name twice by its true digest deletes the real result")
+def test_a_planted_journal_repeating_the_real_results_name_deletes_nothing(tmp_path, monkeypatch):
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    digest = files._identity(results / "tiny-smoke.json")
+    _plant(results, [["tiny-smoke.json", digest], ["tiny-smoke.json", digest]])
+    _list(root, results)
+    assert _results_of(results) == before, sorted(_snapshot(results))
+
+
+# ================================================================================ (B) more: every round empty
+def test_simulate_seeds_with_dp_and_nobody_sampled_mostly_releases_noise_every_round(fed10):  # held
+    from fedlab_nb.engine.seeds import simulate_seeds
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    _, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.01)
+    thetas = [simulate_seeds(_dp_method(q=0.01), fed10, "logreg", seeds=[0], rounds=n, clients_per_round=sampler,
+                             **SEEDS_KW)[0] for n in (1, 2, 3)]
+    assert (thetas[2]["n_sampled"] == 0).sum() >= 2  # q·K = 0.1: most rounds draw nobody
+    assert not torch.equal(thetas[0].theta, thetas[1].theta) and not torch.equal(thetas[1].theta, thetas[2].theta)
+    assert np.isfinite(thetas[2]["epsilon"]).all() and (np.diff(thetas[2]["epsilon"]) > 0).all()
+
+
+# ================================================================================ (C) more: run folder names
+# finding 9 (OUT-OF-CLASS): a run folder's readable part strips a leading '-' from each value (`.strip('-.')`), so
+# `run -p value -0.5` lands in results/runs/tiny-smoke-value=0.5-<hex> and `-p seed -1` in ...seed=1-<hex>: the name
+# shows a value the run did not use (the hash keeps the two runs apart)
+@F_(9, "run -p value -0.5 makes a run folder named value=0.5")
+@pytest.mark.parametrize("name, value, shown", [("value", -0.5, "value=-0.5"), ("seed", -1, "seed=-1")])
+def test_a_run_folder_name_shows_a_negative_value_as_given(tmp_path, name, value, shown):
+    from fedlab_nb.repro.runner import run_folder
+    folder = run_folder("tiny", "smoke", {name: value}, tmp_path, first=[name])
+    assert f"-{shown}-" in folder.name or folder.name.endswith(shown), folder.name
