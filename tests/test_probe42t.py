@@ -632,3 +632,42 @@ def test_a_run_folder_name_shows_a_negative_value_as_given(tmp_path, name, value
     from fedlab_nb.repro.runner import run_folder
     folder = run_folder("tiny", "smoke", {name: value}, tmp_path, first=[name])
     assert f"-{shown}-" in folder.name or folder.name.endswith(shown), folder.name
+
+
+# ================================================================================ (B) the local-DP accountant's ids
+# finding 10: LocalDPAccounting counts participations from RoundInfo.client_ids unchecked (DPAggregate now checks
+# them, _round_ids): a repeated id (client 0's three updates averaged) counts once, so History reports ε 10.7 where
+# three releases give 21.4; -1 counts client 9, a bool mask clients 0 and 1, 0.7 client 0; an id past K is a bare
+# IndexError; called without info= it counts nothing and reports ε = 0 for released updates (a custom server loop;
+# the engine's ids are checked)
+@F_(10, "LocalDPAccounting counts RoundInfo.client_ids unchecked: a repeated id counts once, ε under-reported")
+@pytest.mark.parametrize("ids", [[0, 0, 0], [-1], [True, False, True], [0.7], [12], None],
+                         ids=["repeated", "negative", "bool mask", "float", "past K", "no info"])
+def test_the_local_dp_accountant_refuses_ids_it_cannot_count(ids):
+    from fedlab_nb.core.method import RoundInfo
+    from fedlab_nb.methods.privacy.dp import LocalDPAccounting
+    rule = LocalDPAccounting(noise_multiplier=1.0, delta=1e-5)
+    state = rule.init_state(torch.zeros(3), 10)
+    m = 3 if ids is None else len(ids)
+    info = None if ids is None else RoundInfo(0, np.asarray(ids), torch.ones(m), torch.ones(m), 10, 0.1,
+                                                torch.zeros(3), None, 0, None)
+    with pytest.raises(ValueError, match="client|info"):
+        rule.aggregate(state, torch.full((m, 3), 0.1), torch.ones(m), info=info)
+
+
+@F_(2, "a kept journal deletes a later identical run's figures inside reproduce, which reruns it and stores ERROR")
+def test_a_kept_journal_never_makes_reproduce_rerun_an_up_to_date_identical_result(tmp_path, monkeypatch):
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _second_run(monkeypatch)
+    _failing_publish(monkeypatch, results, move=3, undo=KeyboardInterrupt)
+    cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    notebook = results / "tiny-smoke.ipynb"
+    notebook.write_text(notebook.read_text() + " ")  # saved in Jupyter before any reader put things back
+    _list(root, results)
+    _second_run(monkeypatch)
+    assert cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])[0] == 0
+    good = _snapshot(results)
+    _stand_in(monkeypatch, error="RuntimeError")  # were it run again, this run would fail
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny"])
+    assert rc == 0 and _snapshot(results) == good, (rc, out[:200])
