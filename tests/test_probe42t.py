@@ -671,3 +671,99 @@ def test_a_kept_journal_never_makes_reproduce_rerun_an_up_to_date_identical_resu
     _stand_in(monkeypatch, error="RuntimeError")  # were it run again, this run would fail
     rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny"])
     assert rc == 0 and _snapshot(results) == good, (rc, out[:200])
+
+
+# ================================================================================ (A/C) paths and links in a recovery
+def test_a_stranded_publish_is_put_back_through_a_relative_results_path_from_elsewhere(tmp_path, monkeypatch):  # held
+    root, results, before = _stranded(tmp_path, monkeypatch)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    rc, out, err = cli(["--root", "../root", "--results", "../results", "list"])
+    assert rc == 0 and _results_of(results) == before, (rc, err)
+
+
+def test_a_planted_old_version_that_is_a_link_is_never_written_through(tmp_path, monkeypatch):  # held
+    root, results = root_copy(tmp_path), tmp_path / "results"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("keep")
+    results.mkdir()
+    stage = _plant(results, [["tiny-smoke", "d:" + "0" * 64]])
+    (stage / "tiny-smoke.old").symlink_to(victim)  # recovery may move the link in: nothing goes through it
+    _stand_in(monkeypatch)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny"])
+    assert "Traceback" not in err and "raised" not in str(rc), (rc, err)
+    assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"] and (victim / "keep.txt").read_text() == "keep"
+
+
+@F_(7, "Flower's connect step copies a node's client id uncut into its error: a 1 MB id gives a 1 MB error")
+def test_a_nodes_hostile_client_id_at_connect_gives_a_short_error(fed10, monkeypatch):
+    pytest.importorskip("flwr")
+    from flwr.app import ConfigRecord
+
+    from fedlab_nb import flower
+    from fedlab_nb.flower import MethodStrategy, _setup
+    monkeypatch.setattr(flower, "Message", lambda *a, **k: SimpleNamespace())  # no Flower run context here
+    s = MethodStrategy(_setup("fedavg", fed10, "logreg", rounds=1, clients_per_round=3), connect_timeout=1.0)
+    replies = [SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k),
+                               content={"metrics": ConfigRecord({"client-id": k if k else "x" * 10 ** 6})})
+               for k in range(10)]
+    grid = SimpleNamespace(get_node_ids=lambda: [100 + k for k in range(10)],
+                           send_and_receive=lambda messages, timeout: replies)
+    with pytest.raises(ValueError, match="node 100") as e:
+        s._connect(grid)
+    assert len(str(e.value)) < 2000, f"an error of {len(str(e.value))} characters"
+
+
+# ================================================================================ (B/C) more samplers and -p numbers
+def test_simulate_seeds_with_dp_and_a_federation_per_seed_of_another_size_is_refused_before_round_1():  # held
+    import fedlab_nb as fl
+    from fedlab_nb.engine.sampling import BernoulliSampler
+    from fedlab_nb.engine.seeds import simulate_seeds
+    feds = {0: fl.federate("digits", "iid", n_clients=10, seed=0), 1: fl.federate("digits", "iid", n_clients=20, seed=1)}
+    with pytest.raises(ValueError, match="clients_per_round|probabilit|sampler"):
+        simulate_seeds(_dp_method(), feds.__getitem__, "logreg", seeds=[0, 1], rounds=1,
+                       clients_per_round=BernoulliSampler(np.full(10, 0.1)), **SEEDS_KW)
+
+
+def test_flower_with_dp_and_an_empty_draw_refuses_a_reply_and_still_noises(fed10, monkeypatch):  # held
+    from probes import flower_reply
+    from test_probe42s import _dp_strategy
+    s = _dp_strategy(fed10, np.empty(0, np.int64))
+    with pytest.raises(ValueError, match="client 0|node 100"):
+        s.aggregate_train(1, [flower_reply(s, 0)])
+    before = s.theta.clone()
+    s.aggregate_train(1, [])
+    assert not torch.equal(before, s.theta) and np.isfinite(s.rows[-1]["epsilon"])
+
+
+@pytest.mark.parametrize("name, text, want", [("n_points", "0x10", 16), ("n_points", "0o17", 15), ("n_points", "+5", 5),
+                                              ("n_points", "1_000", None), ("n_points", "1e3", None),
+                                              ("value", "1", 1.0), ("value", "1 # a comment", 1.0),
+                                              ("value", ".nan", None), ("seed", "2**31", None)])
+def test_run_parameters_follow_yaml_1_2_numbers_and_the_defaults_type(tmp_path, monkeypatch, name, text, want):  # held
+    import papermill
+    root, seen = root_copy(tmp_path), {}
+
+    def execute(source, executed, parameters=None, **kw):
+        seen.update(parameters or {})
+        raise KeyboardInterrupt
+    monkeypatch.setattr(papermill, "execute_notebook", execute)
+    rc, out, err = cli(["--root", root, "--results", tmp_path / "res", "run", "tiny", "-p", name, text])
+    if want is None:
+        one_line_error(rc, err)
+    else:
+        assert rc == 130 and seen[name] == want and type(seen[name]) is type(want), (rc, err, seen)
+
+
+def test_simulate_seeds_plain_fedavg_as_the_fedlabel_notebook_uses_it_equals_simulate_with_empty_rounds():  # held
+    import fedlab_nb as fl
+    from fedlab_nb.engine.sampling import BernoulliSampler
+    from fedlab_nb.engine.seeds import simulate_seeds
+    feds = {s: fl.federate("digits", "dirichlet", n_clients=10, alpha=0.5, seed=s) for s in (0, 1)}
+    kw = dict(rounds=4, clients_per_round=BernoulliSampler(np.full(10, 0.15)), local_steps=2, batch_size=8, lr=0.05)
+    together = simulate_seeds(fl.get_method("fedavg"), lambda s: feds[s], "mlp", seeds=[0, 1], **kw)
+    for s, h in zip((0, 1), together):
+        alone = fl.simulate(fl.get_method("fedavg"), feds[s], "mlp", seed=s, progress=False, **kw)
+        assert list(h.columns) == list(alone.columns) and torch.allclose(h.theta, alone.theta, atol=1e-6)
+        assert np.allclose(h["test_acc"], alone["test_acc"]) and h["n_sampled"].tolist() == alone["n_sampled"].tolist()
