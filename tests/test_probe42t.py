@@ -767,3 +767,37 @@ def test_simulate_seeds_plain_fedavg_as_the_fedlabel_notebook_uses_it_equals_sim
         alone = fl.simulate(fl.get_method("fedavg"), feds[s], "mlp", seed=s, progress=False, **kw)
         assert list(h.columns) == list(alone.columns) and torch.allclose(h.theta, alone.theta, atol=1e-6)
         assert np.allclose(h["test_acc"], alone["test_acc"]) and h["n_sampled"].tolist() == alone["n_sampled"].tolist()
+
+
+# ================================================================================ (A) identical versions, put back twice
+# finding 11: a name whose `.old` is gone counts as put back, and its file is deleted when it holds the new version's
+# digest (`if not old.exists(): if here == new_id: _remove(final)`); when the killed run made the same figures and
+# notebook as the old result (a rerun of the same parameters), the restored old versions hold that digest, so a
+# recovery that put them back but kept its journal (the journal's unlink failed once, the reader was killed before
+# it, or another name held something newer) is followed by one that deletes them: two `list`s leave the old result
+# without its figures folder and notebook
+@F_(11, "a put-back name whose old version equals the new one is deleted by the next recovery")
+@pytest.mark.parametrize("kept", ["journal unlink failed once", "notebook edited"])
+def test_identical_versions_put_back_are_never_deleted_by_a_later_recovery(tmp_path, monkeypatch, kept):
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _stand_in(monkeypatch)  # the same run again: figures and notebook equal to the old ones
+    _failing_publish(monkeypatch, results, move=3, undo=KeyboardInterrupt)
+    assert cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])[0] == 130
+    monkeypatch.undo()
+    if kept == "notebook edited":
+        notebook = results / "tiny-smoke.ipynb"
+        notebook.write_text(notebook.read_text() + " ")
+        before = _snapshot(results)
+    else:
+        real = Path.unlink
+
+        def unlink(self, *a, **k):
+            if self.name == files.JOURNAL:
+                raise OSError(errno.EIO, "Input/output error", str(self))
+            return real(self, *a, **k)
+        monkeypatch.setattr(Path, "unlink", unlink)
+    _list(root, results)
+    monkeypatch.undo()
+    assert _snapshot(results) == before  # the first recovery put everything back
+    _list(root, results)
+    assert _snapshot(results) == before, sorted(_snapshot(results))
