@@ -194,7 +194,7 @@ def test_identical_old_and_new_versions_killed_at_each_move_are_one_whole_result
     assert _snapshot(results) == before and not list(results.glob(".tiny-smoke.*.running"))
 
 
-# ================================================================================ (A) interrupts and errors in the digest
+# ============================================================================= (A) interrupts and errors in the digest
 def test_ctrl_c_during_the_digest_of_lists_recovery_then_the_next_list_recovers(tmp_path, monkeypatch):  # held
     root, results, before = _stranded(tmp_path, monkeypatch)
     real = files._tree_digest
@@ -375,7 +375,8 @@ def test_simulate_seeds_with_a_local_dp_accountant_reports_epsilon_in_every_roun
 
 @pytest.mark.parametrize("sampler, sampling, ok", [
     ("bernoulli q", "poisson", True), ("bernoulli 2q", "poisson", False), ("uniform 1", "fixed", True),
-    ("uniform 1", "poisson", False), ("int 1", "fixed", True), ("int 2", "fixed", False), ("fraction", "poisson", False),
+    ("uniform 1", "poisson", False), ("int 1", "fixed", True), ("int 2", "fixed", False),
+    ("fraction", "poisson", False),
     ("declared", "poisson", True), ("undeclared", "poisson", False), ("declared other q", "poisson", False)])
 def test_simulate_seeds_checks_every_kind_of_sampler_under_dp_before_round_1(fed10, sampler, sampling, ok):  # held
     from fedlab_nb.engine.sampling import BernoulliSampler, UniformSampler
@@ -465,7 +466,8 @@ def _raw_reply(metrics, k=0):
     """A reply of client k whose metrics record is `metrics` (a flwr record of any kind), with a plain Δ."""
     from flwr.app import Array, ArrayRecord
     return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k),
-                           content={"metrics": metrics, "message": ArrayRecord({"delta": Array(np.zeros(650, np.float32))})})
+                           content={"metrics": metrics,
+                                    "message": ArrayRecord({"delta": Array(np.zeros(650, np.float32))})})
 
 
 # finding 7: a refused reply's error copies the client's values uncut (`{k!r}`, the metrics' names and values): a
@@ -480,7 +482,8 @@ def test_a_refused_flower_reply_gives_a_short_error_naming_the_client(fed10, wha
     good = {"client-id": 0, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 4}
     metrics = {"a 1 MB client-id": lambda: ConfigRecord({**good, "client-id": "x" * 10 ** 6}),
                "an Array as client-id": lambda: ArrayRecord({"client-id": Array(np.zeros(10 ** 5, np.float32))}),
-               "10,000 extra metric names": lambda: MetricRecord({**good, **{"k" * 100 + str(i): 1 for i in range(10 ** 4)}}),
+               "10,000 extra metric names": lambda: MetricRecord({**good, **{f"{'k' * 100}{i}": 1
+                                                                           for i in range(10 ** 4)}}),
                "a 1 MB num-examples": lambda: ConfigRecord({**good, "num-examples": "9" * 10 ** 6})}[what]()
     s = flower_strategy(fed10)
     with pytest.raises(ValueError, match="node 100|client 0") as e:
@@ -720,7 +723,8 @@ def test_simulate_seeds_with_dp_and_a_federation_per_seed_of_another_size_is_ref
     import fedlab_nb as fl
     from fedlab_nb.engine.sampling import BernoulliSampler
     from fedlab_nb.engine.seeds import simulate_seeds
-    feds = {0: fl.federate("digits", "iid", n_clients=10, seed=0), 1: fl.federate("digits", "iid", n_clients=20, seed=1)}
+    feds = {0: fl.federate("digits", "iid", n_clients=10, seed=0),
+            1: fl.federate("digits", "iid", n_clients=20, seed=1)}
     with pytest.raises(ValueError, match="clients_per_round|probabilit|sampler"):
         simulate_seeds(_dp_method(), feds.__getitem__, "logreg", seeds=[0, 1], rounds=1,
                        clients_per_round=BernoulliSampler(np.full(10, 0.1)), **SEEDS_KW)
@@ -769,7 +773,7 @@ def test_simulate_seeds_plain_fedavg_as_the_fedlabel_notebook_uses_it_equals_sim
         assert np.allclose(h["test_acc"], alone["test_acc"]) and h["n_sampled"].tolist() == alone["n_sampled"].tolist()
 
 
-# ================================================================================ (A) identical versions, put back twice
+# ============================================================================= (A) identical versions, put back twice
 # finding 11: a name whose `.old` is gone counts as put back, and its file is deleted when it holds the new version's
 # digest (`if not old.exists(): if here == new_id: _remove(final)`); when the killed run made the same figures and
 # notebook as the old result (a rerun of the same parameters), the restored old versions hold that digest, so a
@@ -801,3 +805,28 @@ def test_identical_versions_put_back_are_never_deleted_by_a_later_recovery(tmp_p
     assert _snapshot(results) == before  # the first recovery put everything back
     _list(root, results)
     assert _snapshot(results) == before, sorted(_snapshot(results))
+
+
+@pytest.mark.parametrize("move", [2, 3])
+def test_ctrl_c_during_the_digest_of_publishs_own_undo_is_finished_by_the_next_list(tmp_path, monkeypatch,
+                                                                                     move):  # held
+    root, results, before = _first_result(tmp_path, monkeypatch)
+    _second_run(monkeypatch)
+    _failing_publish(monkeypatch, results, move)
+    real_recover, real_digest, undoing = files._recover, files._file_digest, []
+
+    def recover(*a, **k):
+        undoing.append(True)
+        return real_recover(*a, **k)
+
+    def digest(path, h):
+        if undoing:
+            raise KeyboardInterrupt
+        return real_digest(path, h)
+    monkeypatch.setattr(files, "_recover", recover)
+    monkeypatch.setattr(files, "_file_digest", digest)
+    rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
+    monkeypatch.undo()
+    assert rc == 130 and "Traceback" not in err, (rc, err)
+    _list(root, results)
+    assert _snapshot(results) == before and not list(results.glob(".tiny-smoke.*.running"))
