@@ -10,7 +10,6 @@ Notebooks are replaced by the stand-in of tests/test_probe42r.py, so no kernel s
 correct behaviour; a test marked xfail(strict=True) is an open finding (its reason says what is wrong), so the suite
 stays green until it is fixed."""
 import errno
-import json
 import os
 import shutil
 import tarfile
