@@ -137,10 +137,18 @@ def _spec(entries: dict) -> tuple:
 
 def _describe(spec: tuple) -> str:
     """A spec as text: name dtype shape, e.g. 'delta' float32 (7850,)."""
-    return "[" + ", ".join(f"{n!r} {np.dtype(d).name} {tuple(s)}" for n, d, s in spec) + "]"
+    return "[" + ", ".join(f"{n!r} {_dtype_text(d)} {tuple(s)}" for n, d, s in spec) + "]"
 
 
-def _refuse(r: int, who: str, what: str) -> ValueError:
+def _dtype_text(d) -> str:
+    """float32, or float32 (big-endian) where the byte order is not this machine's (else two specs read the same)."""
+    d = np.dtype(d)
+    return d.name if d.isnative or d.byteorder == "|" else f"{d.name} ({'big' if d.byteorder == '>' else 'little'}-endian)"
+
+
+def _refuse(r: int, who: str, what: str, limit: int = 600) -> ValueError:
+    """The error for a refused reply; `who` and `what` quote the client's values, so each is cut to `limit`."""
+    who, what = (t if len(t) <= limit else t[:limit] + "…" for t in (who, what))
     return ValueError(f"round {r}: the reply from {who} {what}; its reply is refused (fix or stop that SuperNode: "
                       "every client runs the same fedlab_nb version and method)")
 
@@ -180,7 +188,7 @@ class MethodStrategy(Strategy):
                                    f"{_client_text(reply.error.reason)}")
             node, k = reply.metadata.src_node_id, dict(reply.content.get("metrics", {})).get("client-id")
             if not _is_int(k) or not 0 <= k < K:
-                raise ValueError(f"node {node} reports client id {k!r}; it must be an integer in 0..{K - 1}: start it "
+                raise ValueError(f"node {node} reports client id {_client_text(k)}; it must be an integer in 0..{K - 1}: start it "
                                  f"with --node-config 'partition-id=k num-partitions={K}'")
             k = int(k)
             if k in self.nodes:

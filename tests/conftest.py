@@ -1,7 +1,10 @@
 import os
+import tempfile
 
 # Small tensors: one thread is faster and steadier than two on a shared 2-core machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# the publish journal's signing key (repro.files._journal_key) lives here during the tests, not in the user's home
+os.environ.setdefault("XDG_STATE_HOME", tempfile.mkdtemp(prefix="fedlab-nb-state-"))
 
 import matplotlib
 

@@ -39,7 +39,7 @@ def _list(root, results):
 # result by their true digests makes `list` delete the figures folder (no `.old` planted) and replace the result
 # file with the planted `.old` (the _recover docstring: "a journal planted in a results folder someone hands over
 # can delete nothing of its own choosing")
-@F_(1, "a planted journal naming the real result by its true digest makes list delete or replace it")
+# (fixed: a journal is followed only when signed with this user's key (HMAC-SHA256, _journal_key))
 @pytest.mark.parametrize("reader", [["list"], ["report"]])
 def test_a_planted_journal_naming_the_real_result_by_its_true_digest_changes_nothing(tmp_path, monkeypatch, reader):
     root, results, before = _first_result(tmp_path, monkeypatch)
@@ -50,7 +50,7 @@ def test_a_planted_journal_naming_the_real_result_by_its_true_digest_changes_not
     assert _results_of(results) == before, sorted(_snapshot(results))
 
 
-@F_(1, "a planted journal in a run folder deletes its parameters.json by its true digest")
+# (fixed: a journal is followed only when signed with this user's key (HMAC-SHA256, _journal_key))
 def test_a_planted_journal_naming_a_run_folders_parameters_by_digest_deletes_nothing(tmp_path, monkeypatch):
     root, results = root_copy(tmp_path), tmp_path / "results"
     _stand_in(monkeypatch)
@@ -68,7 +68,7 @@ def test_a_planted_journal_naming_a_run_folders_parameters_by_digest_deletes_not
 # same parameters makes the same figures (the seeded notebooks are deterministic), so the next complete run's figures
 # folder is deleted by the next `list`, leaving the listed result without its figures; a planted journal does the
 # same to a handed-over folder's receiver's own later run
-@F_(2, "a kept journal deletes a later complete run's figures folder whose content equals the killed run's")
+# (fixed: a name is dropped from the journal once back, and a journal that cannot finish is retired to .kept)
 def test_a_kept_journal_never_deletes_a_later_runs_identical_figures(tmp_path, monkeypatch):
     root, results, before = _first_result(tmp_path, monkeypatch)
     _second_run(monkeypatch)
@@ -84,7 +84,7 @@ def test_a_kept_journal_never_deletes_a_later_runs_identical_figures(tmp_path, m
     assert (results / "tiny-smoke" / "other.png").is_file(), sorted(_snapshot(results))
 
 
-@F_(2, "a planted journal kept by a name it cannot restore deletes the receiver's own later figures")
+# (fixed: a name is dropped from the journal once back, and a journal that cannot finish is retired to .kept)
 def test_a_planted_journal_waiting_for_the_receivers_own_run_deletes_nothing(tmp_path, monkeypatch):
     _, elsewhere, _ = _first_result(tmp_path / "a", monkeypatch)  # the planter runs the same paper: same figures
     figures = files._identity(elsewhere / "tiny-smoke")
@@ -102,7 +102,7 @@ def test_a_planted_journal_waiting_for_the_receivers_own_run_deletes_nothing(tmp
 # finding 3: recovery hashes every file a journal names, whole, at every `list` and `report`: a handed-over results
 # folder with a planted journal and a sparse file of a few TB (no disk space) makes every listing read it (4 GB took
 # 4.7 s here, so 1 TB is about 20 minutes per `list`, for every paper); the journal itself is read with a size limit
-@F_(3, "list hashes a huge sparse file named by a planted journal, whole, every time")
+# (fixed: an unsigned journal is never followed, so the files it names are never hashed)
 def test_a_huge_sparse_file_named_by_a_planted_journal_is_not_hashed_whole(tmp_path, monkeypatch):
     root, results, before = _first_result(tmp_path, monkeypatch)
     stage = _plant(results, [["tiny-smoke.ipynb", "f:" + "0" * 64]])
@@ -269,7 +269,7 @@ def _dp_round(sampled, ids, rows=None, K=10, q=0.3):
 # finding 4: DPAggregate checks the draw and the aggregated ids against each other, but not against the update rows
 # it averages: a RoundInfo naming one client beside five update rows aggregates all five while the sampling tests
 # and per-client counts see one (a custom server loop, or a future adapter, that passes the wrong ids is not caught)
-@F_(4, "DPAggregate averages more update rows than RoundInfo.client_ids names, unchecked")
+# (fixed: DPAggregate refuses update rows that RoundInfo.client_ids does not name one for one)
 @pytest.mark.parametrize("ids, rows", [([0], 5), ([0, 1], 3)], ids=["5 rows, 1 id", "3 rows, 2 ids"])
 def test_the_dp_rule_refuses_update_rows_that_disagree_with_the_ids(ids, rows):
     with pytest.raises(ValueError, match="client_ids|rows|updates"):
@@ -305,7 +305,7 @@ def test_the_dp_rule_takes_an_empty_float_round_as_a_noised_empty_round():  # he
 # (shape (3, 0): e.g. a mask's np.nonzero stacked, or g.choice(K, (m, 0))) passes as 3 clients: simulate and
 # simulate_seeds end in a bare TypeError deep in local_job, and the DP rule's hand-built RoundInfo in "unhashable
 # type: 'list'" (a custom sampler's wrong answer is refused naming the round everywhere else)
-@F_(5, "an empty 2-D draw passes check_sampled and ends in a bare TypeError")
+# (fixed: check_sampled refuses an empty draw that is not 1-D)
 @pytest.mark.parametrize("where", ["simulate", "simulate_seeds", "dp rule", "flower"])
 def test_an_empty_two_dimensional_draw_is_refused_naming_the_round(fed10, where):
     import fedlab_nb as fl
@@ -420,7 +420,7 @@ def test_simulate_seeds_reports_a_rules_round_metrics_as_simulate_with_empty_rou
 # head, LG-FedAvg's body, local_only), and simulate_seeds trains them from the global θ every round: its History
 # differs from simulate's (θ, train_loss) and has no personal_acc columns, though its docstring says each History
 # equals simulate's for that seed
-@F_(6, "simulate_seeds runs personalised methods (local parameter groups) and returns Histories unlike simulate's")
+# (fixed: seed_batchable refuses a method that keeps parameters local)
 @pytest.mark.parametrize("name", ["fedper", "lg_fedavg", "local_only"])
 def test_simulate_seeds_refuses_or_matches_a_method_with_local_parameters(name):
     import fedlab_nb as fl
@@ -472,7 +472,7 @@ def _raw_reply(metrics, k=0):
 # finding 7: a refused reply's error copies the client's values uncut (`{k!r}`, the metrics' names and values): a
 # client-id of a 1 MB string, a metrics record of 10,000 long names or an Array as client-id gives the server a 1-16 MB
 # error line for its log and terminal (a failed reply's reason is cut to 300 characters by _client_text)
-@F_(7, "Flower's refusals copy a client's values uncut: a 1 MB client-id gives a 1 MB error line")
+# (fixed: _refuse cuts what it quotes to 600 characters; the connect step quotes the id through _client_text)
 @pytest.mark.parametrize("what", ["a 1 MB client-id", "an Array as client-id", "10,000 extra metric names",
                                   "a 1 MB num-examples"])
 def test_a_refused_flower_reply_gives_a_short_error_naming_the_client(fed10, what):
@@ -493,7 +493,7 @@ def test_a_refused_flower_reply_gives_a_short_error_naming_the_client(fed10, wha
 # finding 8: a Δ of big-endian float32 (what a big-endian client, s390x, sends natively; Flower's Array keeps the byte
 # order) is refused with a message that names the same thing twice: "has entries ['delta' float32 (650,)], not the
 # method's ['delta' float32 (650,)]" (the spec compares dtype.str, '>f4' vs '<f4', but prints the dtype's name)
-@F_(8, "a big-endian float32 Δ is refused as \"float32 (650,), not the method's float32 (650,)\"")
+# (fixed: a dtype of the other byte order is named (big-endian))
 def test_a_big_endian_float32_delta_is_accepted_or_refused_saying_why(fed10):
     from probes import flower_reply, flower_strategy
     s = flower_strategy(fed10)
@@ -603,7 +603,7 @@ def test_a_figures_folder_of_two_thousand_files_publishes_and_recovers(tmp_path,
     assert _snapshot(results) == before
 
 
-@F_(1, "a planted journal naming a name twice by its true digest deletes the real result")
+# (fixed: a journal is followed only when signed with this user's key (HMAC-SHA256, _journal_key))
 def test_a_planted_journal_repeating_the_real_results_name_deletes_nothing(tmp_path, monkeypatch):
     root, results, before = _first_result(tmp_path, monkeypatch)
     digest = files._identity(results / "tiny-smoke.json")
@@ -628,7 +628,7 @@ def test_simulate_seeds_with_dp_and_nobody_sampled_mostly_releases_noise_every_r
 # finding 9 (OUT-OF-CLASS): a run folder's readable part strips a leading '-' from each value (`.strip('-.')`), so
 # `run -p value -0.5` lands in results/runs/tiny-smoke-value=0.5-<hex> and `-p seed -1` in ...seed=1-<hex>: the name
 # shows a value the run did not use (the hash keeps the two runs apart)
-@F_(9, "run -p value -0.5 makes a run folder named value=0.5")
+# (fixed: a value's own minus sign stays in the folder name)
 @pytest.mark.parametrize("name, value, shown", [("value", -0.5, "value=-0.5"), ("seed", -1, "seed=-1")])
 def test_a_run_folder_name_shows_a_negative_value_as_given(tmp_path, name, value, shown):
     from fedlab_nb.repro.runner import run_folder
@@ -642,7 +642,7 @@ def test_a_run_folder_name_shows_a_negative_value_as_given(tmp_path, name, value
 # three releases give 21.4; -1 counts client 9, a bool mask clients 0 and 1, 0.7 client 0; an id past K is a bare
 # IndexError; called without info= it counts nothing and reports ε = 0 for released updates (a custom server loop;
 # the engine's ids are checked)
-@F_(10, "LocalDPAccounting counts RoundInfo.client_ids unchecked: a repeated id counts once, ε under-reported")
+# (fixed: LocalDPAccounting checks the ids (check_sampled, one per row) and needs info=)
 @pytest.mark.parametrize("ids", [[0, 0, 0], [-1], [True, False, True], [0.7], [12], None],
                          ids=["repeated", "negative", "bool mask", "float", "past K", "no info"])
 def test_the_local_dp_accountant_refuses_ids_it_cannot_count(ids):
@@ -657,7 +657,7 @@ def test_the_local_dp_accountant_refuses_ids_it_cannot_count(ids):
         rule.aggregate(state, torch.full((m, 3), 0.1), torch.ones(m), info=info)
 
 
-@F_(2, "a kept journal deletes a later identical run's figures inside reproduce, which reruns it and stores ERROR")
+# (fixed: a name is dropped from the journal once back, and a journal that cannot finish is retired to .kept)
 def test_a_kept_journal_never_makes_reproduce_rerun_an_up_to_date_identical_result(tmp_path, monkeypatch):
     root, results, before = _first_result(tmp_path, monkeypatch)
     _second_run(monkeypatch)
@@ -698,7 +698,7 @@ def test_a_planted_old_version_that_is_a_link_is_never_written_through(tmp_path,
     assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"] and (victim / "keep.txt").read_text() == "keep"
 
 
-@F_(7, "Flower's connect step copies a node's client id uncut into its error: a 1 MB id gives a 1 MB error")
+# (fixed: _refuse cuts what it quotes to 600 characters; the connect step quotes the id through _client_text)
 def test_a_nodes_hostile_client_id_at_connect_gives_a_short_error(fed10, monkeypatch):
     pytest.importorskip("flwr")
     from flwr.app import ConfigRecord
@@ -779,7 +779,7 @@ def test_simulate_seeds_plain_fedavg_as_the_fedlabel_notebook_uses_it_equals_sim
 # recovery that put them back but kept its journal (the journal's unlink failed once, the reader was killed before
 # it, or another name held something newer) is followed by one that deletes them: two `list`s leave the old result
 # without its figures folder and notebook
-@F_(11, "a put-back name whose old version equals the new one is deleted by the next recovery")
+# (fixed: a name with an old version is deleted only while its .old waits in the staging folder)
 @pytest.mark.parametrize("kept", ["journal unlink failed once", "notebook edited"])
 def test_identical_versions_put_back_are_never_deleted_by_a_later_recovery(tmp_path, monkeypatch, kept):
     root, results, before = _first_result(tmp_path, monkeypatch)

@@ -85,12 +85,12 @@ def test_a_planted_journal_deletes_and_moves_nothing(tmp_path, entries):
 
 
 def test_a_journal_acts_only_on_the_versions_it_names(tmp_path):
-    """A journal undoes only a version it names by content, under one of the run's own names: a folder's maker
-    could name its own result that way, but that maker wrote that result in the first place."""
+    """A journal this user's publish signed undoes only a version it names by content, under one of the run's own
+    names (the same journal unsigned, as one planted in a handed-over folder would be, does nothing: below)."""
     out = _results(tmp_path, "real")
     stage = out / ".p-smoke.zzz999.running"
     stage.mkdir()
-    (stage / files.JOURNAL).write_text(json.dumps([["p-smoke.json", files._identity(out / "p-smoke.json")]]))
+    files._write_journal(stage, [["p-smoke.json", files._identity(out / "p-smoke.json"), None]])  # signed here
     files.recover_publishes(out)  # the version matches (a "new version where there was none"): only that file goes
     assert sorted(_snapshot(out)) == ["p-smoke.ipynb", "p-smoke/fig.png"]
 
@@ -109,3 +109,48 @@ def test_a_version_is_known_by_its_content_not_its_inode(tmp_path):
     assert files._identity(out / "missing") is None
     os.mkfifo(out / "p-smoke" / "pipe")  # a FIFO inside is counted by kind, never opened
     assert files.DIGEST.fullmatch(files._identity(out / "p-smoke"))
+
+
+def test_a_journal_not_signed_with_this_users_key_is_never_followed(tmp_path, monkeypatch):
+    out = _results(tmp_path, "real")
+    before = _snapshot(out)
+    stage = out / ".p-smoke.zzz999.running"
+    stage.mkdir()
+    entries = [["p-smoke.json", files._identity(out / "p-smoke.json"), None]]
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "someone else"))  # another user's key signs it
+    files._write_journal(stage, entries)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "me"))
+    files.recover_publishes(out)
+    assert _snapshot(out) == before and (stage / files.JOURNAL).is_file()
+    (stage / files.JOURNAL).write_text(json.dumps({"entries": entries, "mac": None}))  # unsigned
+    files.recover_publishes(out)
+    assert _snapshot(out) == before
+
+
+def test_a_recovery_that_meets_a_newer_version_keeps_the_old_one_and_retires_the_journal(tmp_path, capsys):
+    out = _results(tmp_path, "old")
+    stage = _staged(out, "new")
+    real = os.replace
+    calls = []
+
+    def die(a, b):  # killed after the second move into the results folder (figures and notebook are in)
+        if os.path.dirname(b) == str(out):
+            calls.append(b)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+        return real(a, b)
+    os.replace = die
+    try:
+        files._recover, saved = (lambda *a, **k: False), files._recover  # the undo itself is killed too
+        with pytest.raises(files.ReproError):
+            files.publish(stage, out, NAMES)
+    finally:
+        os.replace, files._recover = real, saved
+    (out / "p-smoke.ipynb").write_text("newer, by hand")  # written before any reader recovered
+    files.recover_publishes(out)
+    kept = list(out.glob(".p-smoke.*.kept"))
+    assert (out / "p-smoke.ipynb").read_text() == "newer, by hand" and len(kept) == 1
+    assert (out / "p-smoke" / "fig.png").read_text() == "old" and (out / "p-smoke.json").read_text() == "old"
+    assert not (kept[0] / files.JOURNAL).exists() and "kept" in capsys.readouterr().err
+    files.recover_publishes(out)  # retired: never acted on again
+    assert (out / "p-smoke.ipynb").read_text() == "newer, by hand"

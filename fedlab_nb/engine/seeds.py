@@ -42,6 +42,8 @@ def seed_batchable(method: Method) -> str | None:
         return f"{method.name} has its own client update ({type(method.client).__name__})"
     if method.uplink or method.downlink:
         return f"{method.name} transforms its messages (uplink/downlink)"
+    if method.groups.local:  # kept-local tensors live in each client's state, one store per run
+        return f"{method.name} keeps parameters local to each client ({', '.join(method.groups.local)})"
     probe = torch.zeros(2)
     if method.objective.client_state(probe):
         return f"{method.name} keeps per-client state"

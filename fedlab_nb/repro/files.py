@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 from .claims import ReproError
+from .results import printable
 
 
 class UnsafePathError(ReproError):
@@ -240,8 +242,8 @@ def publish(folder: Path, out_dir, names) -> None:
             kind = "folder" if final.is_dir() else "file"
             raise UnsafePathError(f"{final} is a {kind} where fedlab-nb writes a {'file' if kind == 'folder' else 'folder'}"
                                   "; move it away")
-    journal = folder / JOURNAL  # what a killed publish must undo: each name and its new version's content digest
-    write_atomic(journal, json.dumps([[final.name, _identity(new)] for new, final in moves]))
+    # what a killed publish must undo: each name, its new version's and its old version's content digests, signed
+    _write_journal(folder, [[final.name, _identity(new), _identity(final)] for new, final in moves])
     try:
         for new, final in moves:
             _set_aside(final, folder / f"{final.name}.old")
@@ -256,7 +258,7 @@ def publish(folder: Path, out_dir, names) -> None:
                              f"back ({stuck}); they are kept in {folder}, and the next `fedlab-nb list` or run "
                              "of this paper restores them") from None
         raise
-    journal.unlink()
+    (folder / JOURNAL).unlink()
 
 
 def _set_aside(final: Path, old: Path) -> None:
@@ -296,37 +298,100 @@ def recover_publishes(out_dir) -> None:
 
 
 def _recover(folder: Path, out_dir: Path, names=None) -> bool:
-    """Undo the publish whose journal is in `folder` (call it holding the paper's lock); whether it did. Only what
-    that publish moved is touched: a name whose file or folder is neither its new version (the identity the
-    journal recorded) nor its old one is left as it is, with the staging folder, so a journal planted in a
-    results folder someone hands over can delete nothing of its own choosing. `names`: the names the journal may
-    hold (publish undoing its own moves); by default those of the run the staging folder's name says."""
+    """Undo the publish whose journal is in `folder` (call it holding the paper's lock); whether it did.
+
+    Only a journal signed with this user's key (`_journal_key`) is followed, so one planted in, or carried with, a
+    results folder someone hands over moves and deletes nothing. Only what that publish moved is touched, and each
+    name once: the journal is rewritten without a name as soon as it is back. A name now holding something that is
+    neither the publish's new version nor its old one (written meanwhile) is left as it is: the publish's earlier
+    versions are then kept in a `.kept` folder beside it, named in a warning, and the journal is retired, so no
+    later reader acts on it. `names`: publish undoing its own moves (the names it moved; no signature needed)."""
     journal, stem = folder / JOURNAL, folder.name[1:].rsplit(".", 2)[0]
     if folder.is_symlink() or not journal.is_file() or journal.is_symlink():
         return False
-    try:
-        entries = json.loads(read_regular(journal, 100_000))
-    except (OSError, ValueError, RecursionError, ReproError):  # unreadable, too long, not JSON or too deep
+    entries = _read_journal(folder, stem, names)
+    if entries is None:
+        return False  # not a journal this user's publish wrote: nothing in it is followed, the folder is kept
+    left = list(entries)
+    for entry in reversed(entries):
+        if _restore(folder, out_dir, *entry):
+            left.remove(entry)
+            _write_journal(folder, left)  # this name is back: a later recovery never acts on it again
+    if left:  # something newer stands there: keep the old versions, and never act on this journal again
+        _retire(folder, [name for name, _, _ in left])
         return False
-    if not isinstance(entries, list) or not all(_journal_entry(e, stem, names) for e in entries):
-        return False  # not a journal this package wrote: nothing in it is followed, the folder is kept
-    whole = all([_restore(folder, out_dir, name, new_id) for name, new_id in reversed(entries)])
-    if whole:
-        journal.unlink()
-    return whole
+    journal.unlink()
+    return True
 
 
-def _restore(folder: Path, out_dir: Path, name: str, new_id: str) -> bool:
+def _retire(folder: Path, names: list) -> None:
+    """Keep a publish's earlier versions where a user finds them, and stop its journal from acting again."""
+    kept = folder.with_name(folder.name[:-len(".running")] + ".kept")
+    (folder / JOURNAL).unlink(missing_ok=True)
+    os.replace(folder, kept)
+    print(printable(f"warning: a run killed while it published left the earlier {', '.join(names)} in {kept}; they "
+                    f"were not put back because {folder.parent} holds newer ones written meanwhile (move what you "
+                    "want back by hand, then remove that folder)"), file=sys.stderr)
+
+
+def _journal_key() -> bytes | None:
+    """This user's key for signing publish journals, made once (0600) under $XDG_STATE_HOME or ~/.local/state;
+    None where it cannot be made (a read-only home): journals are then followed only by the publish that wrote
+    them."""
+    path = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "fedlab_nb" / "journal.key"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32))
+        except FileExistsError:
+            pass
+        key = read_regular(path, 64)
+    except (OSError, ReproError, RuntimeError):  # RuntimeError: no home directory
+        return None
+    return key if len(key) == 32 else None
+
+
+def _signature(folder: Path, entries: list) -> str | None:
+    key = _journal_key()
+    body = json.dumps([folder.name, entries], sort_keys=True).encode()
+    return None if key is None else hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def _write_journal(folder: Path, entries: list) -> None:
+    write_atomic(folder / JOURNAL, json.dumps({"entries": entries, "mac": _signature(folder, entries)}))
+
+
+def _read_journal(folder: Path, stem: str, names=None) -> list | None:
+    """The journal's entries when this user's publish wrote it (its signature checks; with `names`, publish reading
+    its own journal, the names are enough), else None."""
+    try:
+        data = json.loads(read_regular(folder / JOURNAL, 100_000))
+    except (OSError, ValueError, RecursionError, ReproError):  # unreadable, too long, not JSON or too deep
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        return None
+    entries = data["entries"]
+    if not all(_journal_entry(e, stem, names) for e in entries):
+        return None
+    mac, want = data.get("mac"), _signature(folder, entries)
+    if names is None and not (isinstance(mac, str) and want is not None and hmac.compare_digest(mac, want)):
+        return None
+    return entries
+
+
+def _restore(folder: Path, out_dir: Path, name: str, new_id: str, old_id: str | None) -> bool:
     """Put `name`'s old version back over its new one; False when `out_dir/name` is something else (left as it is,
-    with the old version kept in `folder`)."""
+    with the old version kept in `folder`). `old_id`: the old version's digest, None when there was none."""
     final, old, new = out_dir / name, folder / f"{name}.old", folder / name
     here = _identity(final)
     if _identity(new) == new_id:  # the new version never moved in: only a folder set aside has to go back
         if old.exists() and here is None:
             os.replace(old, final)
         return True
-    if not old.exists():  # nothing was set aside, or the old version is back already: only the new one goes
-        if here == new_id:
+    if not old.exists():  # nothing was set aside: the new version goes only where there was no old one
+        if old_id is None and here == new_id:
             _remove(final)
         return True
     if here is not None and here not in (new_id, _identity(old)):  # something newer is there now: leave it
@@ -385,10 +450,10 @@ def _tree_digest(path, h) -> None:
 
 
 def _journal_entry(entry, stem: str, names=None) -> bool:
-    """[name, digest] with a name of this staging folder's run (its stem, stem.<suffix> or parameters.json) or,
-    when given, one of `names`, and a digest as `_identity` writes it."""
-    if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)
-            and DIGEST.fullmatch(entry[1])):
+    """[name, new digest, old digest or None] with a name of this staging folder's run (its stem, stem.<suffix> or
+    parameters.json) or, when given, one of `names`, and digests as `_identity` writes them."""
+    if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and isinstance(entry[1], str)
+            and DIGEST.fullmatch(entry[1]) and (entry[2] is None or isinstance(entry[2], str) and DIGEST.fullmatch(entry[2]))):
         return False
     name = entry[0]
     if names is not None:

@@ -330,13 +330,20 @@ def _folder_value(value) -> str:
     return str(value)
 
 
+def _folder_text(value: str) -> str:
+    """A value in a folder name: [A-Za-z0-9_.=-] only, no dots or dashes at its ends but a minus sign it had."""
+    text = FOLDER_CHARS.sub("-", value).strip("-.")
+    minus = value.startswith("-") and text[:1].isalnum()  # -0.5 stays -0.5; a '/' replaced by '-' is not a minus
+    return ("-" + text if minus else text) or "-"
+
+
 def run_folder(paper_id: str, scale: str, params: dict, out_dir, first=()) -> Path:
     """results/runs/<id>-<scale>-<name>=<value>_...-<8 hex of the parameters>: a `run` never overwrites what
     `reproduce` wrote (and the board embeds), and runs with other parameters do not overwrite each other.
     The names in `first` (those given on the command line) come first, then the others by name; the readable
     part holds only [A-Za-z0-9_.=-] and is clipped so that the name stays under FOLDER_LENGTH characters."""
     names = [n for n in first if n in params] + sorted(n for n in params if n not in first and n != "scale")
-    shown = "_".join(f"{n}={FOLDER_CHARS.sub('-', _folder_value(params[n])).strip('-.') or '-'}" for n in names)
+    shown = "_".join(f"{n}={_folder_text(_folder_value(params[n]))}" for n in names)
     head = f"{paper_id}-{scale}"
     room = FOLDER_LENGTH - len(head) - len("--") - 8
     if len(shown) > room:

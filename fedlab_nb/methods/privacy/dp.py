@@ -157,10 +157,20 @@ def adaptive_noise_split(noise_multiplier: float, expected_clients: float,
 
 
 # --- central DP: the server rule ---------------------------------------------------------------------------
-def _round_ids(info, K: int) -> np.ndarray:
+def _aggregated_ids(info, K: int, rows: int) -> np.ndarray:
+    """RoundInfo.client_ids checked (a custom server loop builds it by hand): distinct ids in 0 … K-1, one per update
+    row aggregated."""
+    ids = check_sampled(np.asarray(info.client_ids), K, info.round)
+    if len(ids) != rows:
+        raise ValueError(f"round {info.round + 1}: {rows} update rows but RoundInfo.client_ids names {len(ids)} "
+                         "clients; pass one id per update row")
+    return ids
+
+
+def _round_ids(info, K: int, rows: int) -> np.ndarray:
     """The ids the sampling tests see, checked (a custom server loop builds RoundInfo by hand): the sampler's whole
     draw `info.sampled` when given, else the aggregated clients; distinct ids in 0 … K-1, every aggregated one drawn."""
-    aggregated = check_sampled(np.asarray(info.client_ids), K, info.round)
+    aggregated = _aggregated_ids(info, K, rows)
     if info.sampled is None:
         return aggregated
     drawn = check_sampled(np.asarray(info.sampled), K, info.round)
@@ -281,7 +291,7 @@ class DPAggregate:
                              "it because uses_context = True)")
         state = dict(state)
         drawn = info.sampled is not None  # the sampler's draw, stragglers and dropped updates included
-        ids = _round_ids(info, state["K"])
+        ids = _round_ids(info, state["K"], len(deltas))
         self._check_sampling(state, len(ids), ids, drawn)
         weights = torch.ones(len(deltas), dtype=deltas.dtype, device=deltas.device) if weights is None else weights
         self._check_inputs(state, deltas, weights)
@@ -524,9 +534,12 @@ class LocalDPAccounting:
         return {"participations": torch.zeros(num_clients, dtype=torch.int64)}
 
     def aggregate(self, state, deltas, weights, info=None):
+        if info is None:
+            raise ValueError("LocalDPAccounting counts each client's releases from the round's info=RoundInfo (the "
+                             "engine passes it because uses_context = True); pass it from a custom server loop")
         counts = state["participations"].clone()
-        if info is not None:
-            counts[torch.as_tensor(np.asarray(info.client_ids), dtype=torch.long)] += 1
+        ids = _aggregated_ids(info, len(counts), len(deltas))
+        counts[torch.as_tensor(ids, dtype=torch.long)] += 1
         return weighted_mean(deltas, weights), {"participations": counts}
 
     uses_context = True
