@@ -51,7 +51,7 @@ def check_sampled(ids, num_clients: int, round: int) -> np.ndarray:
     (torch reads a uint8 index as a mask, an int8 one not at all). A custom sampler that repeats a client (it would
     count twice) or names one that does not exist is refused."""
     arr = np.asarray(ids)
-    if arr.size == 0 and arr.ndim == 1:
+    if arr.size == 0 and arr.ndim >= 1 and len(arr) == 0:  # no client (of any shape (0, …)): an empty round
         return ids
     if arr.ndim != 1 or arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"round {round + 1}: the sampler must return a 1-D array of client ids (ints), got "
