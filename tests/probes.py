@@ -147,3 +147,18 @@ def flower_reply(s, k, delta=None, **metrics):
     metrics = {"client-id": k, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 400, **metrics}
     return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k),
                            content={"metrics": metrics, "message": {"delta": Array(delta)}})
+
+
+def journal_unlink_fails(monkeypatch):
+    """Removing a publish journal (repro.files.JOURNAL) fails with EIO; every other unlink works."""
+    import errno
+    from pathlib import Path
+
+    from fedlab_nb.repro import files
+    real = Path.unlink
+
+    def unlink(self, *a, **k):
+        if self.name == files.JOURNAL:
+            raise OSError(errno.EIO, "Input/output error", str(self))
+        return real(self, *a, **k)
+    monkeypatch.setattr(Path, "unlink", unlink)

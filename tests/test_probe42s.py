@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from probes import cli, fed10, root_copy  # noqa: F401 (fed10: a fixture)
+from probes import cli, fed10, journal_unlink_fails, root_copy  # noqa: F401 (fed10: a fixture)
 from probes import numbered_finding as F_
 from probes import one_line_error
 from test_probe42r import _Instance, _first_result, _holder, _lock_free, _snapshot, _stand_in
@@ -167,13 +167,7 @@ def test_a_journal_unlink_failing_after_every_move_is_one_line_and_leaves_one_co
                                                                                           monkeypatch):  # held
     root, results, before = _first_result(tmp_path, monkeypatch)
     _second_run(monkeypatch)
-    real = Path.unlink
-
-    def unlink(self, *a, **k):
-        if self.name == files.JOURNAL:
-            raise OSError(errno.EIO, "Input/output error", str(self))
-        return real(self, *a, **k)
-    monkeypatch.setattr(Path, "unlink", unlink)
+    journal_unlink_fails(monkeypatch)
     rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
     monkeypatch.undo()
     assert rc in (0, 1) and "Traceback" not in err and len(err.strip().splitlines()) <= 1, (rc, err)

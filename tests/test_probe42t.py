@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from probes import cli, fed10, root_copy  # noqa: F401 (fed10: a fixture)
+from probes import cli, fed10, journal_unlink_fails, root_copy  # noqa: F401 (fed10: a fixture)
 from probes import numbered_finding as F_
 from probes import one_line_error
 from test_probe42r import _first_result, _snapshot, _stand_in
@@ -792,13 +792,7 @@ def test_identical_versions_put_back_are_never_deleted_by_a_later_recovery(tmp_p
         notebook.write_text(notebook.read_text() + " ")
         before = _snapshot(results)
     else:
-        real = Path.unlink
-
-        def unlink(self, *a, **k):
-            if self.name == files.JOURNAL:
-                raise OSError(errno.EIO, "Input/output error", str(self))
-            return real(self, *a, **k)
-        monkeypatch.setattr(Path, "unlink", unlink)
+        journal_unlink_fails(monkeypatch)
     _list(root, results)
     monkeypatch.undo()
     assert _snapshot(results) == before  # the first recovery put everything back
