@@ -154,3 +154,52 @@ def test_a_recovery_that_meets_a_newer_version_keeps_the_old_one_and_retires_the
     assert not (kept[0] / files.JOURNAL).exists() and "kept" in capsys.readouterr().err
     files.recover_publishes(out)  # retired: never acted on again
     assert (out / "p-smoke.ipynb").read_text() == "newer, by hand"
+
+
+def _key_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state" / "fedlab_nb" / "journal.key"
+
+
+def test_the_key_is_made_once_private_and_whole_even_by_processes_racing(tmp_path, monkeypatch):
+    import multiprocessing
+    key_path = _key_home(tmp_path, monkeypatch)
+    with multiprocessing.get_context("fork").Pool(8) as pool:  # each reads the key right after making it
+        keys = pool.map(_read_key, range(32))
+    assert set(keys) == {key_path.read_bytes()} and len(keys[0]) == 32
+    assert key_path.stat().st_mode & 0o777 == 0o600 and key_path.parent.stat().st_mode & 0o077 == 0
+    assert os.listdir(key_path.parent) == ["journal.key"]  # no temporary key left behind
+
+
+def _read_key(_):
+    return files._journal_key()
+
+
+@pytest.mark.parametrize("bad", ["short", "readable by others", "a link"])
+def test_a_key_that_cannot_be_trusted_signs_nothing(tmp_path, monkeypatch, bad):
+    key_path = _key_home(tmp_path, monkeypatch)
+    key_path.parent.mkdir(parents=True)
+    if bad == "short":  # a key cut off mid-write
+        key_path.write_bytes(os.urandom(10))
+    elif bad == "readable by others":
+        key_path.write_bytes(os.urandom(32))
+        key_path.chmod(0o644)
+    else:
+        (tmp_path / "elsewhere").write_bytes(os.urandom(32))
+        key_path.symlink_to(tmp_path / "elsewhere")
+    assert files._journal_key() is None and files._signature(tmp_path, []) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the key another owner")
+def test_a_key_owned_by_another_user_signs_nothing(tmp_path, monkeypatch):
+    key_path = _key_home(tmp_path, monkeypatch)
+    assert files._journal_key() is not None
+    os.chown(key_path, 12345, 12345)
+    assert files._journal_key() is None
+
+
+def test_without_hard_links_the_key_is_still_made(tmp_path, monkeypatch):
+    key_path = _key_home(tmp_path, monkeypatch)
+    monkeypatch.setattr(os, "link", lambda *a, **k: (_ for _ in ()).throw(PermissionError(1, "Operation not permitted")))
+    key = files._journal_key()
+    assert key is not None and key == key_path.read_bytes() and os.listdir(key_path.parent) == ["journal.key"]

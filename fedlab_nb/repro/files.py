@@ -336,21 +336,39 @@ def _retire(folder: Path, names: list) -> None:
 
 def _journal_key() -> bytes | None:
     """This user's key for signing publish journals, made once (0600) under $XDG_STATE_HOME or ~/.local/state;
-    None where it cannot be made (a read-only home): journals are then followed only by the publish that wrote
-    them."""
+    None where it cannot be made (a read-only home) or cannot be trusted (another owner, readable by others):
+    journals are then followed only by the publish that wrote them."""
     path = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "fedlab_nb" / "journal.key"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(os.urandom(32))
-        except FileExistsError:
-            pass
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not path.exists() and not path.is_symlink():
+            _make_key(path)
         key = read_regular(path, 64)
+        info = os.lstat(path)
     except (OSError, ReproError, RuntimeError):  # RuntimeError: no home directory
         return None
-    return key if len(key) == 32 else None
+    private = info.st_uid == os.geteuid() and not info.st_mode & 0o077
+    return key if private and len(key) == 32 else None
+
+
+def _make_key(path: Path) -> None:
+    """Write a fresh key beside `path` and link it into place, so a reader never sees a half-written key and two
+    processes making it at once agree on one (the loser's link fails and it reads the winner's)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".journal.key.")  # mkstemp makes it 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process made it first: use theirs
+        except OSError:  # a file system without hard links: move it in unless one appeared meanwhile
+            if not path.exists():
+                os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def _signature(folder: Path, entries: list) -> str | None:
