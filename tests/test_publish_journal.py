@@ -203,3 +203,12 @@ def test_without_hard_links_the_key_is_still_made(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "link", lambda *a, **k: (_ for _ in ()).throw(PermissionError(1, "Operation not permitted")))
     key = files._journal_key()
     assert key is not None and key == key_path.read_bytes() and os.listdir(key_path.parent) == ["journal.key"]
+
+
+def test_a_relative_xdg_state_home_is_ignored_as_the_xdg_spec_says(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", "state")  # relative: one key per working folder otherwise
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert files._journal_key() is not None
+    assert (tmp_path / "home" / ".local" / "state" / "fedlab_nb" / "journal.key").is_file()
+    assert not (tmp_path / "state").exists()

@@ -338,8 +338,8 @@ def _journal_key() -> bytes | None:
     """This user's key for signing publish journals, made once (0600) under $XDG_STATE_HOME or ~/.local/state;
     None where it cannot be made (a read-only home) or cannot be trusted (another owner, readable by others):
     journals are then followed only by the publish that wrote them."""
-    path = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "fedlab_nb" / "journal.key"
     try:
+        path = _state_home() / "fedlab_nb" / "journal.key"
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not path.exists() and not path.is_symlink():
             _make_key(path)
@@ -349,6 +349,12 @@ def _journal_key() -> bytes | None:
         return None
     private = info.st_uid == os.geteuid() and not info.st_mode & 0o077
     return key if private and len(key) == 32 else None
+
+
+def _state_home() -> Path:
+    """$XDG_STATE_HOME when it is an absolute path (the XDG spec ignores a relative one), else ~/.local/state."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    return Path(state) if os.path.isabs(state) else Path.home() / ".local" / "state"
 
 
 def _make_key(path: Path) -> None:
