@@ -110,7 +110,8 @@ def test_an_empty_xdg_state_home_uses_the_home_folder(tmp_path, monkeypatch):  #
     monkeypatch.setenv("XDG_STATE_HOME", "")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     key = files._journal_key()
-    assert key is not None and (tmp_path / "home" / ".local" / "state" / "fedlab_nb" / "journal.key").read_bytes() == key
+    made = tmp_path / "home" / ".local" / "state" / "fedlab_nb" / "journal.key"
+    assert key is not None and made.read_bytes() == key
 
 
 @pytest.mark.parametrize("kind", ["a file", "a FIFO", "a folder", "a dangling link", "33 bytes"])
@@ -268,3 +269,165 @@ def test_a_retire_whose_rename_fails_never_loses_the_old_versions(tmp_path, monk
     cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
     versions = {p.read_bytes() for p in results.rglob("*") if p.is_file()}
     assert all(data in versions for data in before.values()), sorted(p.name for p in results.rglob("*"))
+
+
+# ================================================================================ (B) ids of odd shapes and kinds
+def _dp_round(sampled, ids, rows):
+    """(aggregate, state) of one DPAggregate round (K = 10, q = 0.3) with a hand-built RoundInfo."""
+    from fedlab_nb.core.method import RoundInfo
+    from fedlab_nb.methods.privacy.dp import DPAggregate
+    rule = DPAggregate(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.3, sampling="poisson")
+    state = rule.init_state(torch.zeros(3), 10)
+    info = RoundInfo(0, ids, torch.ones(rows), torch.ones(rows), 10, 0.1, torch.zeros(3), None, 0, sampled)
+    return rule.aggregate(state, torch.full((rows, 3), 0.1), None, info=info)
+
+
+def _ldp_round(ids, rows):
+    from fedlab_nb.core.method import RoundInfo
+    from fedlab_nb.methods.privacy.dp import LocalDPAccounting
+    rule = LocalDPAccounting(noise_multiplier=1.0, delta=1e-5)
+    state = rule.init_state(torch.zeros(3), 10)
+    info = RoundInfo(0, ids, torch.ones(rows), torch.ones(rows), 10, 0.1, torch.zeros(3), None, 0, None)
+    return rule.aggregate(state, torch.full((rows, 3), 0.1), torch.ones(rows), info=info)
+
+
+REFUSED_IDS = {"0-d tensor": (torch.tensor(3), 1), "0-d numpy int": (np.int64(3), 1), "nested list": ([[0, 1]], 2),
+               "shape (1, 0)": (np.empty((1, 0), np.int64), 1), "shape (2, 1)": (np.array([[0], [1]]), 2),
+               "object ints": (np.array([0, 1], dtype=object), 2),
+               "uint64 max": (np.array([2 ** 64 - 1], np.uint64), 1),
+               "negative zero": (np.array([-0.0]), 1), "2**70": ([2 ** 70], 1),
+               "int and uint64 mixed": ([np.int8(1), np.uint64(2)], 2), "numpy bool": ([np.True_], 1),
+               "a set": ({0, 1}, 2), "a string": ("01", 2), "complex": (np.array([1 + 0j]), 1)}
+
+
+@pytest.mark.parametrize("what", sorted(REFUSED_IDS))
+@pytest.mark.parametrize("rule", ["central", "local"])
+def test_ids_of_odd_shapes_and_kinds_are_refused_naming_the_round(what, rule):  # held
+    ids, rows = REFUSED_IDS[what]
+    with pytest.raises(ValueError, match="round 1"):
+        _dp_round(ids, ids, rows) if rule == "central" else _ldp_round(ids, rows)
+
+
+@pytest.mark.parametrize("ids", [np.empty((0, 0), np.int64), np.empty((0, 1, 2)), [], (), torch.empty(0),
+                                 np.array([], np.uint8), np.array([], dtype=object)],
+                         ids=["(0, 0)", "(0, 1, 2) float", "list", "tuple", "torch float", "uint8", "object"])
+def test_an_empty_answer_of_any_kind_is_a_noised_empty_round(ids):  # held
+    agg, state = _dp_round(ids, ids, 0)
+    assert torch.isfinite(agg).all() and agg.abs().sum() > 0  # N(0, σ²) with Δ = 0
+    assert state["seen_each"].sum() == 0
+
+
+@pytest.mark.parametrize("ids", [np.array([0, 4], ">i8"), range(0, 5, 4), np.array([4, 0], np.int16)],
+                         ids=["big-endian int64", "a range", "int16 unsorted"])
+def test_ids_of_other_integer_kinds_count_as_plain_ints(ids):  # held
+    agg, state = _dp_round(np.array([0, 1, 4]), ids, 2)
+    ref_agg, ref = _dp_round(np.array([0, 1, 4]), np.array([0, 4]), 2)
+    assert torch.equal(agg, ref_agg) and state["seen_each"].tolist() == ref["seen_each"].tolist()
+    _, counts = _ldp_round(ids, 2)
+    assert counts["participations"].tolist() == [1, 0, 0, 0, 1, 0, 0, 0, 0, 0]
+
+
+# ================================================================================ (B) samplers returning odd empties
+def _empty_sometimes(empty):
+    """A declared Poisson sampler (q = 0.1) whose empty rounds answer `empty` (of whatever shape and kind)."""
+    from probes import declared
+
+    def pick(r, K, g):
+        ids = np.flatnonzero(g.random(K) < 0.1)
+        return empty if len(ids) == 0 else ids
+    return declared(pick, 0.1)
+
+
+EMPTIES = {"(0, 0)": np.empty((0, 0), np.int64), "list": [], "torch": torch.empty(0, dtype=torch.long),
+           "(0, 3) float": np.empty((0, 3))}
+
+
+@pytest.mark.parametrize("empty", sorted(EMPTIES))
+def test_a_sampler_answering_an_odd_empty_still_noises_every_round_in_simulate_and_simulate_seeds(fed10, empty):
+    # held
+    import fedlab_nb as fl
+    from fedlab_nb.engine.seeds import simulate_seeds
+    from test_probe42t import _dp_method
+    kw = dict(local_steps=1, batch_size=4, lr=0.01, eval_every=1)
+    seen = []
+    h = fl.simulate(_dp_method(), fed10, "logreg", rounds=6, seed=0, progress=False,
+                    clients_per_round=_empty_sometimes(EMPTIES[empty]),
+                    callback=lambda r, t, row: seen.append(t.clone()), **kw)
+    assert (h["n_sampled"] == 0).any() and np.isfinite(h["epsilon"]).all()
+    assert all(not torch.equal(a, b) for a, b in zip(seen, seen[1:]))
+    (together,) = simulate_seeds(_dp_method(), fed10, "logreg", seeds=[0], rounds=6,
+                                 clients_per_round=_empty_sometimes(EMPTIES[empty]), **kw)
+    assert torch.equal(together.theta, h.theta) and together["epsilon"].tolist() == h["epsilon"].tolist()
+
+
+def test_fixed_size_dp_epsilon_and_theta_agree_between_simulate_and_simulate_seeds(fed10):  # held
+    import fedlab_nb as fl
+    from fedlab_nb.engine.sampling import UniformSampler
+    from fedlab_nb.engine.seeds import simulate_seeds
+    from test_probe42t import _dp_method
+    kw = dict(local_steps=1, batch_size=4, lr=0.01, eval_every=1)
+    hs = simulate_seeds(_dp_method(0.2, "fixed"), fed10, "logreg", seeds=[2, 5], rounds=3,
+                        clients_per_round=UniformSampler(2), **kw)
+    for seed, h in zip([2, 5], hs):
+        alone = fl.simulate(_dp_method(0.2, "fixed"), fed10, "logreg", rounds=3, clients_per_round=UniformSampler(2),
+                            seed=seed, progress=False, **kw)
+        assert torch.equal(h.theta, alone.theta) and h["epsilon"].tolist() == alone["epsilon"].tolist()
+        assert np.isfinite(h["epsilon"]).all()
+
+
+# ================================================================================ (B) seed_batchable, every method
+def _registered_methods():
+    import fedlab_nb as fl
+    import fedlab_nb.methods  # noqa: F401 (registers every method)
+    from fedlab_nb.core.registry import REGISTRY
+    out = []
+    for name, entry in sorted(REGISTRY.items()):
+        if entry.kind != "method":
+            continue
+        try:
+            method = entry.factory()
+        except (TypeError, ValueError):  # needs a model or data of its own
+            continue
+        if isinstance(method, fl.Method):
+            out.append(name)
+    return out
+
+
+def test_every_method_simulate_seeds_accepts_equals_simulate_per_seed():  # held
+    import fedlab_nb as fl
+    from fedlab_nb.engine.seeds import seed_batchable, simulate_seeds
+    fed = fl.federate("digits", "dirichlet", n_clients=6, alpha=0.5, seed=0)
+    kw = dict(local_steps=2, batch_size=8, lr=0.05, eval_every=1)
+    checked = []
+    for name in _registered_methods():
+        if seed_batchable(fl.get_method(name)) is not None or name == "fedgp":  # fedgp needs its target every round
+            continue
+        hs = simulate_seeds(fl.get_method(name), fed, "logreg", seeds=[1, 4], rounds=3, clients_per_round=3, **kw)
+        for seed, h in zip([1, 4], hs):
+            alone = fl.simulate(fl.get_method(name), fed, "logreg", rounds=3, clients_per_round=3, seed=seed,
+                                progress=False, **kw)
+            assert list(h.columns) == list(alone.columns) and torch.allclose(h.theta, alone.theta, atol=1e-6), name
+        checked.append(name)
+    assert len(checked) >= 10, checked
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw", "sgd_momentum"])
+def test_a_client_optimizer_with_state_is_refused_or_equal_in_simulate_seeds(optimizer):  # held
+    import fedlab_nb as fl
+    from fedlab_nb.core.method import Method
+    from fedlab_nb.engine.seeds import simulate_seeds
+    fed = fl.federate("digits", "dirichlet", n_clients=6, alpha=0.5, seed=0)
+    kw = dict(local_steps=3, batch_size=8, lr=0.05, eval_every=1)
+    from fedlab_nb.core.optim import SGD
+
+    def opt():
+        return SGD(momentum=0.9, nesterov=True) if optimizer == "sgd_momentum" else optimizer
+    method = Method("m", optimizer=opt())
+    try:
+        (h,) = simulate_seeds(method, fed, "logreg", seeds=[1], rounds=3, clients_per_round=3, **kw)
+    except ValueError as e:
+        assert "simulate_seeds cannot batch" in str(e)
+        return
+    alone = fl.simulate(Method("m", optimizer=opt()), fed, "logreg", rounds=3, clients_per_round=3, seed=1,
+                        progress=False, **kw)
+    assert torch.allclose(h.theta, alone.theta, atol=1e-6)
