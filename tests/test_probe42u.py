@@ -634,3 +634,24 @@ def test_a_kept_folder_is_mentioned_by_later_lists_until_it_is_removed(tmp_path,
     root, results, before, kept = _retired(tmp_path, monkeypatch)
     rc, out, err = _list(root, results)
     assert kept.name in out + err
+
+
+# ================================================================================ (B) check_sampled's empty answer
+# finding 6 (low: a real Flower grid delivers no reply in a round that sent nothing): check_sampled returns an empty
+# answer as the sampler gave it (a list, a tuple, a (0, 0) array, a float tensor), not the 1-D int64 array its
+# docstring promises, so a caller that uses it as an array breaks: the Flower strategy, whose draw is check_sampled's
+# answer, meets any reply in a round whose sampler answered [] or () with a bare AttributeError ('list' object has no
+# attribute 'tolist') instead of refusing it naming the client
+@F_(6, "check_sampled returns an empty list / tuple / (0, 0) answer unconverted; Flower's _reply then raises "
+       "AttributeError")
+@pytest.mark.parametrize("empty", [[], (), np.empty((0, 0), np.int64), torch.empty(0)],
+                         ids=["list", "tuple", "(0, 0)", "float tensor"])
+def test_an_empty_draw_of_any_kind_is_a_1d_int64_array_and_a_reply_is_refused_naming_the_client(fed10, empty):
+    from fedlab_nb.engine.sampling import check_sampled
+    from probes import flower_reply
+    from test_probe42s import _dp_strategy
+    s = _dp_strategy(fed10, [0])
+    s.sampled = check_sampled(empty, 10, 0)
+    with pytest.raises(ValueError, match="node 100|client 0"):
+        s.aggregate_train(1, [flower_reply(s, 0)])
+    assert isinstance(s.sampled, np.ndarray) and s.sampled.shape == (0,) and s.sampled.dtype == np.int64
