@@ -59,10 +59,10 @@ def _undo_patches(monkeypatch, keep_env):
 # anew, or another XDG_STATE_HOME: a container, sudo, CI) makes every recovery skip the journal without a word:
 # `list` keeps listing the old result beside the killed run's figures, for good (the issue's "killing a run ...
 # leaves the old result listed with its figures already deleted"), and nothing says that a staging folder holds
-# the old versions
+# the old versions; so does a journal the previous release wrote (a run killed before upgrading)
 @F_(1, "a killed publish whose key became unusable is never put back and nothing says so (old result, new figures)")
 @pytest.mark.parametrize("change", ["key made group-readable", "key deleted (a fresh one is made)",
-                                    "another XDG_STATE_HOME"])
+                                    "another XDG_STATE_HOME", "journal of the previous release (then upgraded)"])
 def test_a_key_that_changed_after_a_kill_keeps_the_old_result_whole_or_says_where_it_is(tmp_path, monkeypatch,
                                                                                        change):
     key = _state(monkeypatch, tmp_path / "state")
@@ -72,6 +72,9 @@ def test_a_key_that_changed_after_a_kill_keeps_the_old_result_whole_or_says_wher
         key.chmod(0o640)
     elif change == "key deleted (a fresh one is made)":
         key.unlink()
+    elif change == "journal of the previous release (then upgraded)":  # 7aaec4e's format: [[name, new digest], ...]
+        entries = json.loads((stage / files.JOURNAL).read_text())["entries"]
+        (stage / files.JOURNAL).write_text(json.dumps([[name, new] for name, new, _ in entries]))
     else:
         _state(monkeypatch, tmp_path / "elsewhere")
     rc, out, err = _list(root, results)
@@ -655,3 +658,26 @@ def test_an_empty_draw_of_any_kind_is_a_1d_int64_array_and_a_reply_is_refused_na
     with pytest.raises(ValueError, match="node 100|client 0"):
         s.aggregate_train(1, [flower_reply(s, 0)])
     assert isinstance(s.sampled, np.ndarray) and s.sampled.shape == (0,) and s.sampled.dtype == np.int64
+
+
+# ================================================================================ (C) claims values of YAML tags
+YAML_TAGS = {
+    "binary note": ('    note: "0.5 at smoke scale: above 0.25, below 0.9"', "    note: !!binary aGVsbG8="),
+    "set in setting": ('ours: "n_points points"}', "ours: !!set {a, b}}"),
+    "date paper_value": ('paper_value: "1.0 (Eq. 2)"', "paper_value: 2024-01-01"),
+    "timestamp year": ("year: 2024", "year: 2024-01-01 10:00:00"),
+    "binary method": ('method: "Tiny — harness fixture"', "method: !!binary aGVsbG8="),
+    "omap setting": ('setting: {paper: "none", ours: "n_points points"}', "setting: !!omap [a: 1, b: 2]"),
+    "pairs setting": ('setting: {paper: "none", ours: "n_points points"}', "setting: !!pairs [a: 1, a: 2]")}
+
+
+@pytest.mark.parametrize("what", sorted(YAML_TAGS))
+def test_a_claims_value_of_another_yaml_type_is_one_line_naming_the_field(tmp_path, monkeypatch, what):  # held
+    old, new = YAML_TAGS[what]
+    root = root_copy(tmp_path, lambda t: t.replace(old, new, 1))
+    assert new in (root / "papers" / "tiny.yaml").read_text()
+    _stand_in(monkeypatch)
+    for args in (["list"], ["reproduce", "tiny"]):
+        rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *args])
+        one_line_error(rc, err)
+        assert "tiny.yaml: field" in err and not (tmp_path / "res" / "tiny-smoke.json").exists(), err
