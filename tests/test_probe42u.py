@@ -32,12 +32,12 @@ def _state(monkeypatch, where):
     return where / "fedlab_nb" / "journal.key"
 
 
-def _strand(tmp_path, monkeypatch):
+def _strand(tmp_path, monkeypatch, move=2):
     """_stranded of test_probe42s with this test's key home kept: a result of value 0.5, then a second run whose
-    publish failed at its 2nd move (new figures in, old result file) and whose undo was interrupted."""
+    publish failed at its `move`-th move (move 2: new figures in, old result file) and whose undo was interrupted."""
     root, results, before = _first_result(tmp_path, monkeypatch)
     _second_run(monkeypatch)
-    state = _failing_publish(monkeypatch, results, move=2, undo=KeyboardInterrupt)
+    state = _failing_publish(monkeypatch, results, move=move, undo=KeyboardInterrupt)
     rc, out, err = cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])
     assert rc == 130 and state["undoing"], (rc, err)
     (stage,) = results.glob(".tiny-smoke.*.running")
@@ -681,3 +681,44 @@ def test_a_claims_value_of_another_yaml_type_is_one_line_naming_the_field(tmp_pa
         rc, out, err = cli(["--root", root, "--results", tmp_path / "res", *args])
         one_line_error(rc, err)
         assert "tiny.yaml: field" in err and not (tmp_path / "res" / "tiny-smoke.json").exists(), err
+
+
+# ================================================================================ (A) a recovery itself interrupted
+@pytest.mark.parametrize("after", [1, 2], ids=["after the first rename back", "after the second"])
+def test_ctrl_c_right_after_a_rename_of_a_recovery_is_finished_by_the_next_list(tmp_path, monkeypatch, after):
+    # held
+    _state(monkeypatch, tmp_path / "state")
+    root, results, before, stage = _strand(tmp_path, monkeypatch, move=3)  # figures and notebook moved in
+    _undo_patches(monkeypatch, keep_env=True)
+    real, done = os.replace, []
+
+    def replace(a, b):
+        real(a, b)
+        if os.path.dirname(os.fspath(b)) == os.fspath(results):
+            done.append(b)
+            if len(done) == after:
+                raise KeyboardInterrupt
+    monkeypatch.setattr(os, "replace", replace)
+    try:
+        _list(root, results)
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.setattr(os, "replace", real)
+    assert len(done) == after, done
+    _list(root, results)
+    assert _results_of(results) == before and not list(results.glob(".tiny-smoke.*"))
+
+
+def test_a_recovery_meeting_one_newer_name_still_puts_the_others_back(tmp_path, monkeypatch):  # held
+    _state(monkeypatch, tmp_path / "state")
+    root, results, before, stage = _strand(tmp_path, monkeypatch, move=3)  # figures and notebook moved in
+    _undo_patches(monkeypatch, keep_env=True)
+    (results / "tiny-smoke.ipynb").write_text('{"saved": "by Jupyter meanwhile"}')
+    rc, out, err = _list(root, results)
+    now = _snapshot(results)
+    assert {k: v for k, v in now.items() if k.startswith("tiny-smoke/")} == \
+        {k: v for k, v in before.items() if k.startswith("tiny-smoke/")}  # the old figures are back
+    assert now["tiny-smoke.ipynb"] == b'{"saved": "by Jupyter meanwhile"}' and now["tiny-smoke.json"] == \
+        before["tiny-smoke.json"]
+    (kept,) = results.glob(".tiny-smoke.*.kept")
+    assert (kept / "tiny-smoke.ipynb.old").read_bytes() == before["tiny-smoke.ipynb"] and kept.name in err
