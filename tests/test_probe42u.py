@@ -753,3 +753,35 @@ def test_no_home_and_no_xdg_state_home_still_publishes_whole(tmp_path, monkeypat
     _stand_in(monkeypatch)
     rc, out, err = cli(["--root", root, "--results", results, *command])
     assert rc == 0 and any(name.endswith("new.png") for name in _snapshot(results)), (rc, err)
+
+
+def test_another_users_complete_run_over_a_stranded_publish_is_never_undone_by_its_owner(tmp_path, monkeypatch):
+    # held
+    _state(monkeypatch, tmp_path / "alice")
+    root, results, before, stage = _strand(tmp_path, monkeypatch)
+    _undo_patches(monkeypatch, keep_env=False)
+    _state(monkeypatch, tmp_path / "bob")
+    _stand_in(monkeypatch, figure="bob.png", metrics={"value": 0.9, "double": 1.8})
+    assert cli(["--root", root, "--results", results, "reproduce", "tiny", "--force"])[0] == 0
+    bobs = _results_of(results)
+    assert "tiny-smoke/bob.png" in bobs and stage.exists()
+    _state(monkeypatch, tmp_path / "alice")
+    rc, out, err = _list(root, results)
+    assert _results_of(results) == bobs and not stage.exists()
+    (kept,) = results.glob(".tiny-smoke.*.kept")
+    assert kept.name in err and (kept / "tiny-smoke.old" / "new.png").read_bytes() == before["tiny-smoke/new.png"]
+
+
+# ================================================================================ (C) dtype names, every byte order
+def test_two_dtypes_a_reply_can_differ_in_never_print_the_same_name():  # held
+    from fedlab_nb.flower import _dtype_text
+    names = {}
+    for code in np.typecodes["All"] + "U":
+        for order in "<>=|":
+            for size in ("", "2", "4", "8"):
+                try:
+                    d = np.dtype(order + code + size)
+                except TypeError:
+                    continue
+                names.setdefault(_dtype_text(d.str), set()).add(d.str)
+    assert len(names) > 30 and not {t: s for t, s in names.items() if len(s) > 1}
