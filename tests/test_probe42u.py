@@ -62,7 +62,8 @@ def _undo_patches(monkeypatch, keep_env):
 # the old versions; so does a journal the previous release wrote (a run killed before upgrading)
 @F_(1, "a killed publish whose key became unusable is never put back and nothing says so (old result, new figures)")
 @pytest.mark.parametrize("change", ["key made group-readable", "key deleted (a fresh one is made)",
-                                    "another XDG_STATE_HOME", "journal of the previous release (then upgraded)"])
+                                    "another XDG_STATE_HOME", "journal of the previous release (then upgraded)",
+                                    "key of another owner (made by a sudo -E run)"])
 def test_a_key_that_changed_after_a_kill_keeps_the_old_result_whole_or_says_where_it_is(tmp_path, monkeypatch,
                                                                                        change):
     key = _state(monkeypatch, tmp_path / "state")
@@ -72,6 +73,10 @@ def test_a_key_that_changed_after_a_kill_keeps_the_old_result_whole_or_says_wher
         key.chmod(0o640)
     elif change == "key deleted (a fresh one is made)":
         key.unlink()
+    elif change == "key of another owner (made by a sudo -E run)":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the key another owner")
+        os.chown(key, 12345, 12345)
     elif change == "journal of the previous release (then upgraded)":  # 7aaec4e's format: [[name, new digest], ...]
         entries = json.loads((stage / files.JOURNAL).read_text())["entries"]
         (stage / files.JOURNAL).write_text(json.dumps([[name, new] for name, new, _ in entries]))
@@ -785,3 +790,23 @@ def test_two_dtypes_a_reply_can_differ_in_never_print_the_same_name():  # held
                     continue
                 names.setdefault(_dtype_text(d.str), set()).add(d.str)
     assert len(names) > 30 and not {t: s for t, s in names.items() if len(s) > 1}
+
+
+@pytest.mark.parametrize("reader", [["list"], ["reproduce", "tiny"]])
+def test_a_full_disk_while_a_recovery_rewrites_its_journal_is_finished_later(tmp_path, monkeypatch, reader):  # held
+    import errno
+    _state(monkeypatch, tmp_path / "state")
+    root, results, before, stage = _strand(tmp_path, monkeypatch, move=3)
+    _undo_patches(monkeypatch, keep_env=True)
+    real = files.write_atomic
+
+    def full(path, data):
+        if os.path.basename(path) == files.JOURNAL:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, data)
+    monkeypatch.setattr(files, "write_atomic", full)
+    rc, out, err = cli(["--root", root, "--results", results, *reader])
+    assert "Traceback" not in err and "raised" not in str(rc), (rc, err)
+    monkeypatch.setattr(files, "write_atomic", real)
+    _list(root, results)
+    assert _results_of(results) == before and not list(results.glob(".tiny-smoke.*"))
