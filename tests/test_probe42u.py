@@ -841,6 +841,19 @@ def test_a_sampler_that_rests_a_client_after_each_round_is_refused(drawn, sample
     assert sampling_check_run(10, 0.3, "poisson", pick, 300, drawn=drawn) is not None
 
 
+@F_(8, "a fixed-size sampler that never draws a client of the last round passes every check")
+def test_a_fixed_size_sampler_that_rests_the_last_rounds_clients_is_refused():
+    from probes import sampling_check_run
+    last = set()
+
+    def cool_down(r, K, g):
+        ids = np.sort(g.choice([k for k in range(K) if k not in last], 3, replace=False))
+        last.clear()
+        last.update(ids.tolist())
+        return ids
+    assert sampling_check_run(10, 0.3, "fixed", cool_down, 300, drawn=True) is not None
+
+
 def test_the_epsilon_such_samplers_release_is_above_the_reported_one():  # held (the arithmetic of finding 8)
     from fedlab_nb.methods.privacy import accounting
     reported = accounting.epsilon(0.3, 1.0, 100, 1e-5)
