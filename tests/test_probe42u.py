@@ -859,3 +859,68 @@ def test_the_epsilon_such_samplers_release_is_above_the_reported_one():  # held 
     reported = accounting.epsilon(0.3, 1.0, 100, 1e-5)
     assert accounting.epsilon(0.43, 1.0, 70, 1e-5) > 1.15 * reported
     assert accounting.epsilon(0.6, 1.0, 50, 1e-5) > 1.3 * reported
+
+
+# ================================================================================ (C) Flower replies' step counts
+def _strategy(fed, name, **kw):
+    """flower_strategy of probes.py for method `name`, its broadcast the method's own (control variates too)."""
+    pytest.importorskip("flwr")
+    from fedlab_nb.flower import MethodStrategy, _setup
+    s = MethodStrategy(_setup(name, fed, "logreg", rounds=1, clients_per_round=3, **kw))
+    s.nodes, s.sampled, s._t0 = {k: 100 + k for k in range(fed.num_clients)}, np.array([0, 1, 2]), 0.0
+    s.down, s.theta_bytes = s.s.method.broadcast(s.state, s.theta), 0
+    return s
+
+
+# finding 9: a Flower reply's `steps` may be 0 (the check is "whole numbers >= 0"), and FedNova divides by it: with
+# on_nonfinite='drop' one such reply makes every entry of θ inf and the round returns as if nothing happened (the run
+# goes on from an inf model); with 'raise' the error blames the method's parameters ("a step size or an exponent too
+# large") and names no client, where a refused reply names its sender
+@F_(9, "a reply of steps = 0 makes FedNova's θ inf silently (drop) or raises naming no client (raise)")
+@pytest.mark.parametrize("mode", ["raise", "drop"])
+def test_a_reply_of_zero_steps_is_refused_or_dropped_naming_the_client(fed10, mode):
+    from probes import flower_reply
+    s = _strategy(fed10, "fednova", on_nonfinite=mode)
+    before = s.theta.clone()
+    try:
+        s.aggregate_train(1, [flower_reply(s, 0, steps=0), flower_reply(s, 1)])
+    except ValueError as e:
+        assert "client 0" in str(e) or "node 100" in str(e), str(e)
+        assert torch.equal(s.theta, before)
+        return
+    assert mode == "drop" and torch.isfinite(s.theta).all()
+
+
+# finding 10: a reply's `steps` is bounded only by 2^53, although the server knows what each client runs (local_steps,
+# or local_epochs × its partition's batches), and FedNova scales the global step by Σ p_k τ_k: one client reporting
+# steps = 10^6 moves θ to |θ| = 2,500 in one round, 2^53 to 2.3e13 (num-examples is checked against the partition's
+# rows for the same reason: an inflated count takes over the mean)
+@F_(10, "one Flower reply's inflated steps scales FedNova's server step (|θ| 2,500 for steps 10^6, 2.3e13 for 2^53)")
+@pytest.mark.parametrize("steps", [10 ** 6, 2 ** 53])
+def test_a_reply_claiming_more_steps_than_its_client_runs_is_refused(fed10, steps):
+    from probes import flower_reply
+    honest, s = _strategy(fed10, "fednova"), _strategy(fed10, "fednova")
+    honest.aggregate_train(1, [flower_reply(honest, 0), flower_reply(honest, 1)])
+    try:
+        s.aggregate_train(1, [flower_reply(s, 0, steps=steps), flower_reply(s, 1)])
+    except ValueError as e:
+        assert "client 0" in str(e), str(e)
+        return
+    assert s.theta.abs().max() < 10 * honest.theta.abs().max() + 1, float(s.theta.abs().max())
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedprox"])
+def test_a_reply_of_zero_or_many_steps_leaves_other_methods_finite(fed10, name):  # held
+    from probes import flower_reply
+    for steps in (0, 2 ** 53):
+        s = _strategy(fed10, name)
+        replies = [flower_reply(s, k, steps=steps if k == 0 else 1) for k in (0, 1)]
+        if name == "scaffold":
+            for r in replies:
+                r.content["message"]["delta_c"] = r.content["message"]["delta"]
+        try:
+            s.aggregate_train(1, replies)
+        except ValueError as e:
+            assert "client 0" in str(e), str(e)
+            continue
+        assert torch.isfinite(s.theta).all() and s.theta.abs().max() < 100
