@@ -924,3 +924,17 @@ def test_a_reply_of_zero_or_many_steps_leaves_other_methods_finite(fed10, name):
             assert "client 0" in str(e), str(e)
             continue
         assert torch.isfinite(s.theta).all() and s.theta.abs().max() < 100
+
+
+@pytest.mark.parametrize("mode", ["raise", "drop"])
+@pytest.mark.parametrize("name", ["fedavg", "fednova", "fedadam", "robust"])
+def test_replies_at_the_float32_limit_never_make_theta_non_finite_silently(fed10, name, mode):  # held
+    from probes import flower_reply
+    s = _strategy(fed10, name, on_nonfinite=mode)
+    big = np.full(s.theta.numel(), 3e38, np.float32)
+    try:
+        s.aggregate_train(1, [flower_reply(s, 0, big), flower_reply(s, 1, big)])
+    except ValueError as e:
+        assert "client" in str(e) or "non-finite" in str(e), str(e)
+        return
+    assert torch.isfinite(s.theta).all()
