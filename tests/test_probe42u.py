@@ -1,9 +1,11 @@
 """Probe 42u: a twenty-first, independent re-run of issue 42's failure classes, aimed at the code changed last: the
 signed publish journal (the key under $XDG_STATE_HOME unusable, changed, relative or shared between two users between
 a kill and its recovery; journals replayed into another staging folder or paper, reordered or cut; `.kept` folders;
-publish's own undo without a key), the DP rule's checked draw (`check_sampled` on ids of odd shapes and kinds, through
-DPAggregate, LocalDPAccounting and simulate), `seed_batchable` against every registered method, and fresh variants of
-the Flower adapter's refusals, run folder names and the command parameters.json records. Notebooks are replaced by
+publish's own undo without a key; HOME unset), the DP rule's checked draw (`check_sampled` on ids of odd shapes and
+kinds, through DPAggregate, LocalDPAccounting, simulate and Flower; samplers that rest a client after each round),
+`seed_batchable` against every registered method, and fresh variants of the Flower adapter's refusals (other dtypes
+and shapes, hostile entry names, step counts of 0 or 2^53), secure aggregation's MAC, run folder names, claims values
+of other YAML types and the command parameters.json records. Notebooks are replaced by
 the stand-in of tests/test_probe42r.py, so no kernel starts. Each test asserts the correct behaviour; a test marked
 xfail(strict=True) is an open finding (its reason says what is wrong), so the suite stays green until it is fixed."""
 import json
