@@ -20,7 +20,7 @@ from probes import cli, fed10, root_copy  # noqa: F401 (fed10: a fixture)
 from probes import numbered_finding as F_
 from probes import one_line_error
 from test_probe42r import _first_result, _snapshot, _stand_in
-from test_probe42s import _failing_publish, _plant, _results_of, _second_run
+from test_probe42s import _failing_publish, _results_of, _second_run
 
 from fedlab_nb.repro import files
 
