@@ -45,9 +45,9 @@ from .engine.evaluate import Evaluator
 from .engine.history import History
 from .engine.sampling import check_sampled, make_sampler
 from .engine.server import (NonFiniteUpdateError, RoundSetup, RunConfig, build_model, check_model_outputs, client_round, downlink, local_job,
-                            nan_markers, quiet_round, server_update, uplink, warn_dropped_rounds)
+                            nan_markers, quiet_round, round_jobs, server_update, uplink, warn_dropped_rounds)
 from .engine.store import ClientStore
-from .core.method import ChecksSampler, declares
+from .core.method import ChecksSampler, OwnTraining, declares
 from .methods import Method, RoundInfo, get_method
 from .models import flatten_params, param_spec
 from .utils import rng
@@ -337,8 +337,20 @@ class MethodStrategy(Strategy):
         if metrics["num-examples"] > self.rows_held[int(k)]:  # its weight in the mean: an inflated count takes it over
             raise _refuse(r, f"client {k}", f"reports num-examples = {int(metrics['num-examples'])}, more than the "
                           f"{int(self.rows_held[int(k)])} training rows its partition holds")
+        if metrics["steps"] != (runs := self._steps_run(r - 1, int(k))):  # FedNova divides by it, scales by Σ p_k τ_k
+            raise _refuse(r, f"client {k}", f"reports steps = {int(metrics['steps'])}, but its batch schedule for "
+                          f"this round (keyed by seed, round and client) has {runs} local steps")
         entries = {n: np.asarray(a.numpy()) for n, a in m.content["message"].items()}
         return int(k), metrics, entries
+
+    def _steps_run(self, r: int, k: int) -> int:
+        """The local steps client k runs in round r (its keyed batch schedule on the method's first track,
+        straggling included): what an honest reply reports."""
+        s, cu = self.s.round, self.s.method.client
+        if isinstance(cu, OwnTraining):
+            return len(round_jobs(s, r, [k])[0].batches)
+        track = cu.tracks(self.s.method)[0]
+        return len(round_jobs(s, r, [k], None, track.steps, 0, track.epochs)[0].batches)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         return []  # evaluation runs on the server, as in the in-process engine

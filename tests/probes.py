@@ -139,12 +139,14 @@ def flower_strategy(fed, **kw):
 
 
 def flower_reply(s, k, delta=None, **metrics):
-    """A Flower reply of client k (a stand-in for flwr's Message), its metrics overridable."""
+    """A Flower reply of client k in round 1 (a stand-in for flwr's Message), its metrics overridable; `steps` is
+    what client k runs in round 1 (the server checks it)."""
     from types import SimpleNamespace
 
     from flwr.app import Array
     delta = np.full(s.theta.numel(), 0.01, np.float32) if delta is None else delta
-    metrics = {"client-id": k, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 400, **metrics}
+    honest = s._steps_run(0, k) if type(k) is int and 0 <= k < s.s.num_clients else 1
+    metrics = {"client-id": k, "num-examples": 10, "steps": honest, "train-loss": 0.5, "bytes-up": 400, **metrics}
     return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k),
                            content={"metrics": metrics, "message": {"delta": Array(delta)}})
 

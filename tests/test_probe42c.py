@@ -18,7 +18,7 @@ import torch
 
 import fedlab_nb as fl
 from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
-from probes import KW, REPO, fed10, one_line_error, root_copy, trace
+from probes import KW, REPO, fed10, flower_reply, one_line_error, root_copy, trace
 
 
 
@@ -505,14 +505,6 @@ def flower_strategy(fed, sampled=(0, 1, 2), method="fedavg"):
     s.nodes, s.sampled, s._t0 = {k: 100 + k for k in range(fed.num_clients)}, np.array(sampled), 0.0
     s.down, s.theta_bytes = {"theta": s.theta}, 0
     return s
-
-
-def flower_reply(s, k, delta=None, **metrics):
-    from flwr.app import Array
-    delta = np.full(s.theta.numel(), 0.01, np.float32) if delta is None else delta
-    metrics = {"client-id": k, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 400, **metrics}
-    return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k),
-                           content={"metrics": metrics, "message": {"delta": Array(delta)}})
 
 
 @pytest.mark.parametrize("metrics, ks", [

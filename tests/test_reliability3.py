@@ -445,7 +445,8 @@ def flower_reply(s, k, node=None, delta=None, **metrics):
     from types import SimpleNamespace
     from flwr.app import Array
     delta = np.full(s.theta.numel(), 0.01, np.float32) if delta is None else delta
-    metrics = {"client-id": k, "num-examples": 10, "steps": 1, "train-loss": 0.5, "bytes-up": 400, **metrics}
+    honest = s._steps_run(0, k) if 0 <= k < s.s.num_clients else 1  # the steps client k runs in round 1
+    metrics = {"client-id": k, "num-examples": 10, "steps": honest, "train-loss": 0.5, "bytes-up": 400, **metrics}
     entries = delta if isinstance(delta, dict) else {"delta": delta}
     return SimpleNamespace(has_error=lambda: False, metadata=SimpleNamespace(src_node_id=100 + k if node is None else node),
                            content={"metrics": metrics, "message": {n: Array(a) for n, a in entries.items()}})

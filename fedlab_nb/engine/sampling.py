@@ -52,7 +52,7 @@ def check_sampled(ids, num_clients: int, round: int) -> np.ndarray:
     count twice) or names one that does not exist is refused."""
     arr = np.asarray(ids)
     if arr.size == 0 and arr.ndim >= 1 and len(arr) == 0:  # no client (of any shape (0, …)): an empty round
-        return ids
+        return np.empty(0, np.int64)
     if arr.ndim != 1 or arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"round {round + 1}: the sampler must return a 1-D array of client ids (ints), got "
                          f"{arr.dtype} of shape {arr.shape}; return e.g. np.sort(g.choice(K, m, replace=False))")

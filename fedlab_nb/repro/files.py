@@ -222,6 +222,7 @@ def recover_run(out_dir, stem: str) -> None:
     """Put back the old versions a publish of `stem` killed part-way left, then remove the staging folders of its
     killed runs (call it under `run_lock`, before reading the old result)."""
     out_dir = Path(out_dir)
+    mention_kept(out_dir, stem)
     for old in out_dir.glob(f".{stem}.*.running"):
         _recover(old, out_dir)
         if old.is_dir() and not old.is_symlink() and not (old / JOURNAL).exists():
@@ -287,6 +288,7 @@ def recover_publishes(out_dir) -> None:
     """Put back the old versions a killed publish left in `out_dir`'s staging folders, for every paper whose
     run lock is free (a live run's publish is left alone); best effort, for the readers of the results."""
     out_dir = Path(out_dir)
+    mention_kept(out_dir)
     for folder in out_dir.glob(".*.running"):
         paper, _, scale = folder.name[1:].rsplit(".", 2)[0].partition("-")  # .<paper>-<scale>.<random>.running
         if not paper.isidentifier() or not (folder / JOURNAL).is_file():  # paper ids hold no '-'
@@ -310,8 +312,10 @@ def _recover(folder: Path, out_dir: Path, names=None) -> bool:
     if folder.is_symlink() or not journal.is_file() or journal.is_symlink():
         return False
     entries = _read_journal(folder, stem, names)
-    if entries is None:
-        return False  # not a journal this user's publish wrote: nothing in it is followed, the folder is kept
+    if entries is None:  # not a journal this user's publish wrote: nothing in it is followed, the folder is kept
+        if names is None:
+            _unfollowed(folder)
+        return False
     left = list(entries)
     for entry in reversed(entries):
         if _restore(folder, out_dir, *entry):
@@ -327,11 +331,37 @@ def _recover(folder: Path, out_dir: Path, names=None) -> bool:
 def _retire(folder: Path, names: list) -> None:
     """Keep a publish's earlier versions where a user finds them, and stop its journal from acting again."""
     kept = folder.with_name(folder.name[:-len(".running")] + ".kept")
-    (folder / JOURNAL).unlink(missing_ok=True)
-    os.replace(folder, kept)
-    print(printable(f"warning: a run killed while it published left the earlier {', '.join(names)} in {kept}; they "
-                    f"were not put back because {folder.parent} holds newer ones written meanwhile (move what you "
-                    "want back by hand, then remove that folder)"), file=sys.stderr)
+    try:
+        os.rename(folder, kept)  # never onto something there already: a link, a folder
+    except OSError as e:  # the journal stays, so no reader deletes this folder; the next one tries again
+        _warn(f"a run killed while it published left the earlier {', '.join(names)} in {folder}; they were not put "
+              f"back because {folder.parent} holds newer ones written meanwhile, and the folder could not be renamed "
+              f"to {kept.name} ({_why(e)}); move what you want back by hand, then remove that folder")
+        return
+    (kept / JOURNAL).unlink(missing_ok=True)
+    _warn(f"a run killed while it published left the earlier {', '.join(names)} in {kept}; they were not put back "
+          f"because {folder.parent} holds newer ones written meanwhile (move what you want back by hand, then remove "
+          "that folder)")
+
+
+def mention_kept(out_dir, stem: str = "*") -> None:
+    """Name every `.kept` folder of `stem` (all papers by default) again, until the user removes it: a warning
+    missed once is not the last word on a killed run's earlier versions."""
+    for kept in sorted(Path(out_dir).glob(f".{stem}.*.kept")):
+        _warn(f"{kept} holds earlier versions a run killed while it published left (newer ones had been written "
+              "meanwhile); move what you want back by hand, then remove that folder")
+
+
+def _unfollowed(folder: Path) -> None:
+    _warn(f"{folder} holds a run killed while it published, with a journal not signed with your key (another "
+          f"user's run, a key under {_state_home()}/fedlab_nb that changed or is not private to you, or an earlier "
+          f"release), so it was not followed: {folder.parent} may show the killed run's newer files beside the old "
+          "result, whose earlier versions are the *.old entries of that folder; move what you want back by hand, "
+          "then remove that folder")
+
+
+def _warn(text: str) -> None:
+    print(printable(f"warning: {text}"), file=sys.stderr)
 
 
 def _journal_key() -> bytes | None:
