@@ -531,7 +531,7 @@ def test_a_client_id_cut_at_600_characters_never_leaves_a_raw_control(fed10, cut
 # fix of 42t's finding 9 keeps only an ASCII minus at the start): '−0.5' (U+2212, what a copy from a PDF or a
 # word processor gives) shows value=0.5, '-.5' shows value=-5 and ' -1' shows value=1 (a parameter whose default is
 # text takes them as given; the hash keeps the runs apart)
-@F_(4, "a run folder name shows '−0.5' as 0.5, '-.5' as -5 and ' -1' as 1")
+# (fixed: _folder_text keeps the sign (any minus sign) and a number's leading dot, and strips the spaces around)
 @pytest.mark.parametrize("value, wrong", [("\u22120.5", "v=0.5-"), ("-.5", "v=-5-"), (" -1", "v=1-")],
                          ids=["unicode minus", "minus dot", "space minus"])
 def test_a_run_folder_name_never_shows_another_number_than_a_text_value(tmp_path, value, wrong):
@@ -823,9 +823,13 @@ def test_a_full_disk_while_a_recovery_rewrites_its_journal_is_finished_later(tmp
 # client is ever drawn in two rounds in a row (Poisson: q² = 9 % of round pairs), and each client is drawn at 0.43 or
 # 0.6 in the rounds it can be drawn in: History reports ε = 24.5 after 100 rounds (z = 1, δ = 1e-5) where the same RDP
 # accountant gives 29.4 (70 rounds at q = 0.43) or 33.8 (50 rounds at q = 0.6) for what was released
-@F_(8, "a cool-down or turn-taking sampler at the declared average rate passes every check; ε is under-reported")
+# (fixed for whole draws, which simulate, simulate_seeds and Flower pass as RoundInfo.sampled: too few clients in both
+# rounds of the disjoint round pairs is refused (sampling_tests._rested_after_a_round); open for a custom server loop
+# that passes only the aggregated ids, where a client rested and a client dropped look the same)
 @pytest.mark.parametrize("sampler", ["cool-down", "halves taking turns"])
-@pytest.mark.parametrize("drawn", [False, True], ids=["aggregated ids", "whole draws"])
+@pytest.mark.parametrize("drawn", [pytest.param(False, marks=F_(8, "with only the aggregated ids (no RoundInfo.sampled) a "
+                                                                "rested client cannot be told from a dropped one")),
+                                   True], ids=["aggregated ids", "whole draws"])
 def test_a_sampler_that_rests_a_client_after_each_round_is_refused(drawn, sampler):
     from probes import sampling_check_run
     last = {}
@@ -843,7 +847,7 @@ def test_a_sampler_that_rests_a_client_after_each_round_is_refused(drawn, sample
     assert sampling_check_run(10, 0.3, "poisson", pick, 300, drawn=drawn) is not None
 
 
-@F_(8, "a fixed-size sampler that never draws a client of the last round passes every check")
+# (fixed: sampling_tests._rested_after_a_round, the Chernoff bound of Hoeffding's binomial under a fixed size)
 def test_a_fixed_size_sampler_that_rests_the_last_rounds_clients_is_refused():
     from probes import sampling_check_run
     last = set()

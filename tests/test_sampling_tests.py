@@ -168,3 +168,26 @@ def test_fewer_clients_left_after_drops_are_not_judged_as_a_draw():
     at_most_three = lambda r, K, g: np.flatnonzero(g.random(K) < 0.3)[:3]  # noqa: E731 (the rest dropped)
     assert run(10, 0.3, "poisson", at_most_three, 1000, drawn=False) is None
     assert run(10, 0.3, "poisson", at_most_three, 1000, drawn=True) is not None  # as a draw: capped at three
+
+
+def _cool_down(q, fixed=False):  # a client that took part rests one round; the others drawn more often to keep q
+    last = set()
+
+    def pick(r, K, g):
+        free = np.array(sorted(set(range(K)) - last))
+        ids = np.sort(g.choice(free, round(q * K), replace=False)) if fixed else free[g.random(len(free)) < q / (1 - q)]
+        last.clear()
+        last.update(ids.tolist())
+        return ids
+    return pick
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_a_sampler_that_rests_a_client_after_it_takes_part_is_refused_naming_why(sampling):
+    from fedlab_nb.methods.privacy.dp import DPAggregate
+    rule = DPAggregate(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.3, sampling=sampling)
+    state, g, pick = rule.init_state(torch.zeros(3), 10), np.random.default_rng(0), _cool_down(0.3, sampling == "fixed")
+    with pytest.raises(ValueError, match="rests a client after it takes part"):
+        for r in range(300):
+            ids = pick(r, 10, g)
+            rule._check_sampling(state, len(ids), ids, drawn=True)

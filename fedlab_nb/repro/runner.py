@@ -314,6 +314,7 @@ def _outputs(stem: str, result: bool = False) -> list[str]:
 
 
 FOLDER_CHARS = re.compile(r"[^A-Za-z0-9_.=-]+")
+MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})  # the minus sign, small, full width
 FOLDER_LENGTH = 120  # characters of a run folder's name, the 8 hex digits included
 
 
@@ -331,10 +332,14 @@ def _folder_value(value) -> str:
 
 
 def _folder_text(value: str) -> str:
-    """A value in a folder name: [A-Za-z0-9_.=-] only, no dots or dashes at its ends but a minus sign it had."""
-    text = FOLDER_CHARS.sub("-", value).strip("-.")
-    minus = value.startswith("-") and text[:1].isalnum()  # -0.5 stays -0.5; a '/' replaced by '-' is not a minus
-    return ("-" + text if minus else text) or "-"
+    """A value in a folder name: [A-Za-z0-9_.=-] only, no dashes at its ends nor dots at its end, but the sign and
+    the leading dot of a number it had (-0.5, −0.5 typed from a PDF, -.5 and ' -1' show as -0.5, -0.5, -.5, -1)."""
+    value = value.strip().translate(MINUS_SIGNS)
+    sign = "-" if value.startswith("-") else ""
+    body = FOLDER_CHARS.sub("-", value[len(sign):]).strip("-").rstrip(".")
+    if not (body[:1] == "." and body[1:2].isdigit()):  # .5 keeps its dot; ..x or .x do not
+        body = body.lstrip(".")
+    return (sign + body if body[:1].isalnum() or body[:1] == "." else body) or "-"
 
 
 def run_folder(paper_id: str, scale: str, params: dict, out_dir, first=()) -> Path:

@@ -16,6 +16,9 @@ non-finite only makes either test less likely to fire):
 * kept for another round — a client in both rounds of more of the disjoint round pairs (1, 2), (3, 4), … (or
   (2, 3), (4, 5), …) than Binomial(pairs, q²) allows: a sample reused for a second round (a cached draw, a
   generator seeded by r // 2) counts as two compositions in the accountant but amplifies like one.
+* rested after a round — fewer clients in both rounds of the disjoint round pairs than independent rounds give
+  (whole draws only: a drop looks the same): a cool-down or clients taking turns draw a client at more than q in
+  the rounds it can be drawn in.
 * together too often — two clients in more rounds together than Binomial(n, p₂) allows (clients drawn in
   groups, which the amplification by sampling does not cover); counted over up to 512 clients (a fixed random
   subset when K is larger, so a pairing of every client is met by some pair in it).
@@ -101,7 +104,33 @@ def refusal_of_draws(state: dict, rounds: int, num_clients: int, q: float, p2: f
     sizes stay too narrow (never more than one client, never an empty round)."""
     if q >= 1:
         return None
-    return _too_rarely_together(state, p2) or (sizes and _sizes_too_narrow(*sizes, rounds, num_clients, q))
+    return (_too_rarely_together(state, p2) or _rested_after_a_round(state["repeats"], rounds, num_clients, q, sizes)
+            or (sizes and _sizes_too_narrow(*sizes, rounds, num_clients, q)))
+
+
+def _rested_after_a_round(repeats: torch.Tensor, n: int, K: int, q: float, sizes) -> str | None:
+    """Too few clients in both rounds of the disjoint round pairs: a sampler that rests a client after it takes
+    part (a cool-down, clients taking turns) draws it at more than q in the rounds it can be drawn in. Over all K
+    clients and P pairs the count is Binomial(KP, q²) under Poisson sampling; under a uniform m of K it is a sum of
+    P hypergeometric overlaps, below the Chernoff bound of Binomial(Pm, m/K) (Hoeffding 1963, Theorem 4)."""
+    poisson = sizes is not None  # refusal_of_draws passes the draw sizes under Poisson sampling only
+    for alignment in (0, 1):
+        both, pairs = int(repeats[alignment].sum()), (n - alignment) // 2
+        trials, p = (K * pairs, q * q) if poisson else (pairs * round(q * K), round(q * K) / K)
+        if trials < 1 or not 0 < p < 1 or both >= trials * p:
+            continue
+        if poisson:
+            tail = float(binom.cdf(both, trials, p))
+        else:
+            a = both / trials
+            tail = math.exp(-trials * ((a * math.log(a / p) if a > 0 else 0.0) + (1 - a) * math.log((1 - a) / (1 - p))))
+        if tail * 2 * n < REFUSE_BELOW:  # two alignments, ≤ n checks each
+            first = 1 + alignment
+            return (f"only {both} times was a client in both rounds of the {pairs} round pairs ({first}, {first + 1}), "
+                    f"({first + 2}, {first + 3}), … where independent rounds give about {trials * p:.1f}: the sampler "
+                    "rests a client after it takes part (a cool-down, clients taking turns), so it draws the others at "
+                    "more than q, and the reported ε, which counts independent rounds at rate q, would not hold")
+    return None
 
 
 def _too_rarely_together(state: dict, p2: float) -> str | None:
