@@ -29,7 +29,7 @@ def fed40():
 
 
 def info_for(m, round=0, seed=0, K=100, messages=None):
-    return RoundInfo(round, np.arange(m), torch.ones(m), torch.ones(m), K, 0.1, None, messages, seed)
+    return RoundInfo(round, np.arange(m), torch.ones(m), torch.ones(m), K, 0.1, None, messages, seed, np.arange(m))
 
 
 # (1) the accountant against prv-accountant ----------------------------------------------------------------
@@ -278,3 +278,11 @@ def test_local_dp_reports_the_worst_clients_epsilon(fed40):
         counts[sampler(r, 40, rng(0, SAMPLE, r))] += 1
     assert h["epsilon"].iloc[-1] == pytest.approx(local_epsilon(2.0, int(counts.max()), 1e-5))
     assert h["epsilon"].iloc[-1] > central_epsilon(0.25, 2.0, 4, 1e-5)  # no amplification, sensitivity 2S
+
+
+def test_a_round_without_the_whole_draw_is_refused_naming_roundinfo_sampled():
+    # only the whole draw shows a sampler that rests clients; the aggregated ids alone look like a fair one after drops
+    rule = DPAggregate(noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.5)
+    info = RoundInfo(0, np.arange(3), torch.ones(3), torch.ones(3), 10, 0.1, None, None, 0)
+    with pytest.raises(ValueError, match="RoundInfo.sampled"):
+        rule.aggregate(rule.init_state(torch.zeros(4), 10), torch.zeros(3, 4), torch.ones(3), info=info)

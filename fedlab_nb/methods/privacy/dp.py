@@ -169,15 +169,18 @@ def _aggregated_ids(info, K: int, rows: int) -> np.ndarray:
 
 def _round_ids(info, K: int, rows: int) -> np.ndarray:
     """The ids the sampling tests see, checked (a custom server loop builds RoundInfo by hand): the sampler's whole
-    draw `info.sampled` when given, else the aggregated clients; distinct ids in 0 … K-1, every aggregated one drawn."""
+    draw `info.sampled`, distinct ids in 0 … K-1, with every aggregated client in it. Only a whole draw shows a sampler
+    that rests clients or keeps them apart: with the aggregated clients alone it looks like a fair one after drops."""
     aggregated = _aggregated_ids(info, K, rows)
     if info.sampled is None:
-        return aggregated
+        raise ValueError(f"round {info.round + 1}: DPAggregate needs the sampler's whole draw as RoundInfo.sampled "
+                         "(stragglers and dropped updates included) to check that the sampling is the one its ε "
+                         "assumes; pass sampled=<the draw> (simulate, simulate_seeds and Flower pass it)")
     drawn = check_sampled(np.asarray(info.sampled), K, info.round)
     strangers = sorted(set(np.asarray(aggregated).tolist()) - set(np.asarray(drawn).tolist()))
     if strangers:
         raise ValueError(f"round {info.round + 1}: clients {strangers[:5]} were aggregated but are not in the round's "
-                         "draw (RoundInfo.sampled); pass the sampler's whole draw as sampled, or leave it None")
+                         "draw (RoundInfo.sampled); pass the sampler's whole draw as sampled")
     return drawn
 
 
@@ -191,7 +194,8 @@ class DPAggregate:
     `total_weight` (Σ_k w_k over ALL users; None = K, i.e. w_k = 1). Updates must already be clipped to the
     current S (`ClipUpdates` in the uplink), which is checked. The run's sampler must draw each user with
     probability `sampling_rate` (Poisson, `BernoulliSampler(np.full(K, q))`) or exactly round(qK) users
-    (`sampling="fixed"`, `UniformSampler`); a mismatch is detected from the round sizes and raises."""
+    (`sampling="fixed"`, `UniformSampler`); a mismatch is detected from the round sizes and raises. RoundInfo must
+    carry the sampler's whole draw (`sampled`), which the sampling tests read."""
     noise_multiplier: float
     clip_norm: float
     sampling_rate: float
@@ -290,9 +294,8 @@ class DPAggregate:
             raise ValueError("DPAggregate draws keyed noise and needs the round's info=RoundInfo (the engine passes "
                              "it because uses_context = True)")
         state = dict(state)
-        drawn = info.sampled is not None  # the sampler's draw, stragglers and dropped updates included
-        ids = _round_ids(info, state["K"], len(deltas))
-        self._check_sampling(state, len(ids), ids, drawn)
+        ids = _round_ids(info, state["K"], len(deltas))  # the sampler's draw, stragglers and dropped updates included
+        self._check_sampling(state, len(ids), ids, drawn=True)
         weights = torch.ones(len(deltas), dtype=deltas.dtype, device=deltas.device) if weights is None else weights
         self._check_inputs(state, deltas, weights)
         denom = self.denominator(state, weights)
