@@ -212,3 +212,17 @@ def test_a_relative_xdg_state_home_is_ignored_as_the_xdg_spec_says(tmp_path, mon
     assert files._journal_key() is not None
     assert (tmp_path / "home" / ".local" / "state" / "fedlab_nb" / "journal.key").is_file()
     assert not (tmp_path / "state").exists()
+
+
+def test_many_kept_or_unsigned_folders_make_one_warning_line_each(tmp_path, capsys):
+    out = _results(tmp_path, "old")
+    for i in range(50):
+        (out / f".p-smoke.k{i:02d}.kept").mkdir()
+        stage = out / f".p-smoke.u{i:02d}.running"
+        stage.mkdir()
+        (stage / files.JOURNAL).write_text(json.dumps({"entries": [], "mac": "0" * 64}))  # not signed by this key
+    files.recover_publishes(out)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("and 47 more" in line for line in err), err
+    assert ".p-smoke.k00.kept" in err[0] and ".p-smoke.u00.running" in err[1]
+    assert len(list(out.glob(".*.running"))) == 50  # an unsigned journal is never followed, its folder never removed

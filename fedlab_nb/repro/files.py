@@ -221,12 +221,13 @@ def staging(out_dir, stem: str):
 def recover_run(out_dir, stem: str) -> None:
     """Put back the old versions a publish of `stem` killed part-way left, then remove the staging folders of its
     killed runs (call it under `run_lock`, before reading the old result)."""
-    out_dir = Path(out_dir)
+    out_dir, unfollowed = Path(out_dir), []
     mention_kept(out_dir, stem)
     for old in out_dir.glob(f".{stem}.*.running"):
-        _recover(old, out_dir)
+        _recover(old, out_dir, unfollowed=unfollowed)
         if old.is_dir() and not old.is_symlink() and not (old / JOURNAL).exists():
             shutil.rmtree(old, ignore_errors=True)
+    _warn_unfollowed(unfollowed)
 
 
 def publish(folder: Path, out_dir, names) -> None:
@@ -287,7 +288,7 @@ def _copy_whole(src: Path, dst: Path) -> None:
 def recover_publishes(out_dir) -> None:
     """Put back the old versions a killed publish left in `out_dir`'s staging folders, for every paper whose
     run lock is free (a live run's publish is left alone); best effort, for the readers of the results."""
-    out_dir = Path(out_dir)
+    out_dir, unfollowed = Path(out_dir), []
     mention_kept(out_dir)
     for folder in out_dir.glob(".*.running"):
         paper, _, scale = folder.name[1:].rsplit(".", 2)[0].partition("-")  # .<paper>-<scale>.<random>.running
@@ -295,11 +296,12 @@ def recover_publishes(out_dir) -> None:
             continue
         with contextlib.suppress(ReproError, OSError):
             with run_lock(out_dir, paper, scale):
-                if _recover(folder, out_dir):
+                if _recover(folder, out_dir, unfollowed=unfollowed):
                     shutil.rmtree(folder, ignore_errors=True)
+    _warn_unfollowed(unfollowed)
 
 
-def _recover(folder: Path, out_dir: Path, names=None) -> bool:
+def _recover(folder: Path, out_dir: Path, names=None, unfollowed=None) -> bool:
     """Undo the publish whose journal is in `folder` (call it holding the paper's lock); whether it did.
 
     Only a journal signed with this user's key (`_journal_key`) is followed, so one planted in, or carried with, a
@@ -307,14 +309,15 @@ def _recover(folder: Path, out_dir: Path, names=None) -> bool:
     name once: the journal is rewritten without a name as soon as it is back. A name now holding something that is
     neither the publish's new version nor its old one (written meanwhile) is left as it is: the publish's earlier
     versions are then kept in a `.kept` folder beside it, named in a warning, and the journal is retired, so no
-    later reader acts on it. `names`: publish undoing its own moves (the names it moved; no signature needed)."""
+    later reader acts on it. `names`: publish undoing its own moves (the names it moved; no signature needed).
+    `unfollowed`: a list the folder is added to when its journal is not this user's, for one warning naming all."""
     journal, stem = folder / JOURNAL, folder.name[1:].rsplit(".", 2)[0]
     if folder.is_symlink() or not journal.is_file() or journal.is_symlink():
         return False
     entries = _read_journal(folder, stem, names)
     if entries is None:  # not a journal this user's publish wrote: nothing in it is followed, the folder is kept
-        if names is None:
-            _unfollowed(folder)
+        if unfollowed is not None:
+            unfollowed.append(folder)
         return False
     left = list(entries)
     for entry in reversed(entries):
@@ -345,19 +348,29 @@ def _retire(folder: Path, names: list) -> None:
 
 
 def mention_kept(out_dir, stem: str = "*") -> None:
-    """Name every `.kept` folder of `stem` (all papers by default) again, until the user removes it: a warning
+    """Name the `.kept` folders of `stem` (all papers by default) again, until the user removes them: a warning
     missed once is not the last word on a killed run's earlier versions."""
-    for kept in sorted(Path(out_dir).glob(f".{stem}.*.kept")):
-        _warn(f"{kept} holds earlier versions a run killed while it published left (newer ones had been written "
-              "meanwhile); move what you want back by hand, then remove that folder")
+    kept = sorted(Path(out_dir).glob(f".{stem}.*.kept"))
+    if kept:
+        _warn(f"{_some(kept)} hold{'s' if len(kept) == 1 else ''} earlier versions a run killed while it published "
+              "left (newer ones had been written meanwhile); move what you want back by hand, then remove "
+              f"{'that folder' if len(kept) == 1 else 'those folders'}")
 
 
-def _unfollowed(folder: Path) -> None:
-    _warn(f"{folder} holds a run killed while it published, with a journal not signed with your key (another "
-          f"user's run, a key under {_state_home()}/fedlab_nb that changed or is not private to you, or an earlier "
-          f"release), so it was not followed: {folder.parent} may show the killed run's newer files beside the old "
-          "result, whose earlier versions are the *.old entries of that folder; move what you want back by hand, "
-          "then remove that folder")
+def _warn_unfollowed(folders: list) -> None:
+    folders = sorted(folders)
+    if folders:
+        _warn(f"{_some(folders)} {'holds a run' if len(folders) == 1 else 'hold runs'} killed while publishing, with "
+              f"a journal not signed with your key (another user's run, a key under {_state_home()}/fedlab_nb that "
+              "changed or is not private to you, or an earlier release), so it was not followed: "
+              f"{folders[0].parent} may show a killed run's newer files beside the old result, whose earlier "
+              "versions are the *.old entries of each such folder; move what you want back by hand, then remove it")
+
+
+def _some(paths: list, shown: int = 3) -> str:
+    """Up to `shown` paths, and how many more: one warning line however many folders a results folder holds."""
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(str(p) for p in paths[:shown]) + more
 
 
 def _warn(text: str) -> None:

@@ -336,10 +336,10 @@ def _folder_text(value: str) -> str:
     the leading dot of a number it had (-0.5, −0.5 typed from a PDF, -.5 and ' -1' show as -0.5, -0.5, -.5, -1)."""
     value = value.strip().translate(MINUS_SIGNS)
     sign = "-" if value.startswith("-") else ""
-    body = FOLDER_CHARS.sub("-", value[len(sign):]).strip("-").rstrip(".")
-    if not (body[:1] == "." and body[1:2].isdigit()):  # .5 keeps its dot; ..x or .x do not
-        body = body.lstrip(".")
-    return (sign + body if body[:1].isalnum() or body[:1] == "." else body) or "-"
+    body = FOLDER_CHARS.sub("-", value[len(sign):])
+    dot = "." if body[:1] == "." and body[1:2].isdigit() else ""  # .5 keeps its dot; ..x or .x do not
+    body = body.strip("-.")
+    return (sign + dot + body if body[:1].isalnum() else body) or "-"
 
 
 def run_folder(paper_id: str, scale: str, params: dict, out_dir, first=()) -> Path:
