@@ -369,3 +369,47 @@ def test_check_sampled_always_answers_a_1d_int64_array(ids):  # held
     from fedlab_nb.engine.sampling import check_sampled
     out = check_sampled(ids, 5, 0)
     assert isinstance(out, np.ndarray) and out.dtype == np.int64 and out.ndim == 1
+
+
+# ================================================================================ (A) one real Flower run
+@pytest.mark.flower
+def test_a_real_flower_run_of_fednova_on_unequal_partitions_refuses_no_honest_client():  # held
+    pytest.importorskip("flwr")
+    import fedlab_nb as fl
+    from fedlab_nb.flower import run_on_flower
+    fed = fl.federate("digits", "dirichlet", n_clients=3, seed=0, alpha=0.5)
+    assert len({len(y) for x, y in fed.client_train}) > 1  # unequal partitions: unequal step counts
+    h = run_on_flower("fednova", fed, "logreg", rounds=2, clients_per_round=3, batch_size=8,
+                      backend_config={"client_resources": {"num_cpus": 1}})
+    loss = np.asarray(h.train_loss)
+    assert h.meta["runtime"] == "flower-simulation" and len(loss) == 2 and np.isfinite(loss).all()
+
+
+# ================================================================================ (B) the refusal, end to end
+def _dp(fed):
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    return dp_fedavg_with_sampler(fed, noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.3)[0]
+
+
+def test_simulate_refuses_a_cool_down_sampler_naming_the_fix(fed10):  # held
+    import fedlab_nb as fl
+    from probes import KW, declared
+    with pytest.raises(ValueError, match="dp_sampler"):
+        fl.simulate(_dp(fed10), fed10, rounds=100, clients_per_round=declared(_resting(1), 0.3), seed=0,
+                    **{**KW, "local_steps": 1})
+
+
+def test_a_cool_down_sampler_is_still_refused_after_a_resume(fed10, tmp_path):  # held (the state keeps `repeats`)
+    import fedlab_nb as fl
+    from probes import KW, declared
+    sampler, run = declared(_resting(1), 0.3), {**KW, "local_steps": 1}
+
+    def stop(r, theta, row):
+        if r == 20:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        fl.simulate(_dp(fed10), fed10, rounds=100, clients_per_round=sampler, seed=0, checkpoint=tmp_path / "c.pt",
+                    callback=stop, **run)
+    with pytest.raises(ValueError, match="rests a client"):
+        fl.simulate(_dp(fed10), fed10, rounds=100, clients_per_round=sampler, seed=0, checkpoint=tmp_path / "c.pt",
+                    **run)
