@@ -413,3 +413,52 @@ def test_a_cool_down_sampler_is_still_refused_after_a_resume(fed10, tmp_path):  
     with pytest.raises(ValueError, match="rests a client"):
         fl.simulate(_dp(fed10), fed10, rounds=100, clients_per_round=sampler, seed=0, checkpoint=tmp_path / "c.pt",
                     **run)
+
+
+# ================================================================================ (B) other timing patterns
+def _burst(r, K, g):
+    """Rest everyone in odd rounds, draw each client at 0.6 in even ones (the same mean rate 0.3)."""
+    return np.flatnonzero(g.random(K) < 0.6) if r % 2 == 0 else np.empty(0, np.int64)
+
+
+def _odd_rounds_cool_down():
+    last = []
+
+    def pick(r, K, g):
+        nonlocal last
+        available = np.array([k for k in range(K) if not (r % 2 == 1 and k in last)])
+        ids = available[g.random(len(available)) < (0.43 if r % 2 == 1 else 0.3)]
+        last = ids.tolist()
+        return ids
+    return pick
+
+
+@pytest.mark.parametrize("how", ["rest then burst", "cool-down in odd rounds only"])
+def test_a_sampler_that_changes_at_odd_rounds_is_refused(how):  # held
+    pick = _burst if how == "rest then burst" else _odd_rounds_cool_down()
+    assert sampling_check_run(10, 0.3, "poisson", pick, 300, drawn=True) is not None
+
+
+# ================================================================================ (A) DP on Flower, every reply dropped
+def test_dp_on_flower_with_every_reply_non_finite_and_dropped_still_releases_noise(fed10):  # held
+    from fedlab_nb.methods.privacy.dp_fedavg import dp_fedavg_with_sampler
+    method, sampler = dp_fedavg_with_sampler(fed10, noise_multiplier=1.0, clip_norm=1.0, sampling_rate=0.2)
+    s = _strategy(fed10, method, clients_per_round=sampler, on_nonfinite="drop")
+    s.sampled, before = np.array([0, 1]), s.theta.clone()
+    nan = np.full(s.theta.numel(), np.nan, np.float32)
+    s.aggregate_train(1, [flower_reply(s, 0, delta=nan), flower_reply(s, 1, delta=nan)])
+    assert torch.isfinite(s.theta).all() and not torch.equal(s.theta, before)
+
+
+# ================================================================================ (C) an odd state home in warnings
+@pytest.mark.parametrize("home", ["st\x1b[2Jate", "st\u202eate", "st\nate"], ids=["escape", "bidi", "newline"])
+def test_a_state_home_with_control_characters_is_printed_escaped(tmp_path, monkeypatch, home):  # held
+    from probes import clean
+    from fedlab_nb.repro import files
+    root, results = _results(tmp_path, monkeypatch)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / home))
+    (results / ".tiny-smoke.q.running").mkdir()
+    (results / ".tiny-smoke.q.running" / files.JOURNAL).write_text('{"entries": []}')
+    rc, out, err = _list(root, results)
+    assert rc == 0 and "not signed" in err, err
+    assert clean(err) and all(line.startswith("warning: ") for line in err.splitlines()), repr(err)
