@@ -462,3 +462,29 @@ def test_a_state_home_with_control_characters_is_printed_escaped(tmp_path, monke
     rc, out, err = _list(root, results)
     assert rc == 0 and "not signed" in err, err
     assert clean(err) and all(line.startswith("warning: ") for line in err.splitlines()), repr(err)
+
+
+# ================================================================================ (C) _retire's rename refused
+@pytest.mark.parametrize("errno_name", ["EACCES", "ENOTEMPTY", "EXDEV", "EROFS"])
+def test_a_retire_refused_for_any_reason_keeps_every_old_version_and_says_so_each_time(tmp_path, monkeypatch,
+                                                                                      errno_name):  # held
+    import errno
+    import os
+
+    from test_probe42u import _state, _strand, _undo_patches
+    _state(monkeypatch, tmp_path / "state")
+    root, results, before, stage = _strand(tmp_path, monkeypatch)
+    _undo_patches(monkeypatch, keep_env=True)
+    (results / "tiny-smoke" / "mine.txt").write_text("added by hand meanwhile")
+    real = os.rename
+
+    def rename(src, dst, *a, **k):
+        if str(dst).endswith(".kept"):
+            raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)), str(dst))
+        return real(src, dst, *a, **k)
+    monkeypatch.setattr(os, "rename", rename)
+    for _ in range(2):
+        rc, out, err = _list(root, results)
+        assert rc == 0 and stage.name in err and "Traceback" not in err, err
+    seen = {p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    assert all(data in seen for data in before.values())
