@@ -350,11 +350,17 @@ def _retire(folder: Path, names: list) -> None:
 def mention_kept(out_dir, stem: str = "*") -> None:
     """Name the `.kept` folders of `stem` (all papers by default) again, until the user removes them: a warning
     missed once is not the last word on a killed run's earlier versions."""
-    kept = sorted(Path(out_dir).glob(f".{stem}.*.kept"))
+    kept = sorted(p for p in Path(out_dir).glob(f".{stem}.*.kept") if _retired_folder(p))
     if kept:
         _warn(f"{_some(kept)} hold{'s' if len(kept) == 1 else ''} earlier versions a run killed while it published "
               "left (newer ones had been written meanwhile); move what you want back by hand, then remove "
               f"{'that folder' if len(kept) == 1 else 'those folders'}")
+
+
+def _retired_folder(path: Path) -> bool:
+    """Whether `path` may be a folder `_retire` made: a real folder (not a link, not a file) of a paper's stem."""
+    paper = path.name[1:].rsplit(".", 2)[0].partition("-")[0]
+    return path.is_dir() and not path.is_symlink() and paper.isidentifier()
 
 
 def _warn_unfollowed(folders: list) -> None:
@@ -387,6 +393,11 @@ def _journal_key() -> bytes | None:
         if not path.exists() and not path.is_symlink():
             _make_key(path)
         key = read_regular(path, 64)
+        for _ in range(100):  # a key another process is writing in place (no hard links here): wait up to 1 s
+            if len(key) == 32 or time.time() - os.lstat(path).st_mtime > 2:
+                break
+            time.sleep(0.01)
+            key = read_regular(path, 64)
         info = os.lstat(path)
     except (OSError, ReproError, RuntimeError):  # RuntimeError: no home directory
         return None
@@ -413,11 +424,20 @@ def _make_key(path: Path) -> None:
             os.link(tmp, path)
         except FileExistsError:
             pass  # another process made it first: use theirs
-        except OSError:  # a file system without hard links: move it in unless one appeared meanwhile
-            if not path.exists():
-                os.replace(tmp, path)
+        except OSError:  # a file system without hard links: create it in place, never replacing one in use
+            _make_key_in_place(path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def _make_key_in_place(path: Path) -> None:
+    """O_EXCL: of two makers one wins and the other reads its key (`_journal_key` waits out a half-written one)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32))
 
 
 def _signature(folder: Path, entries: list) -> str | None:

@@ -314,7 +314,7 @@ def _outputs(stem: str, result: bool = False) -> list[str]:
 
 
 FOLDER_CHARS = re.compile(r"[^A-Za-z0-9_.=-]+")
-MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})  # the minus sign, small, full width
+MINUS_SIGNS = str.maketrans({c: "-" for c in "\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d"})  # dashes typed as a minus
 FOLDER_LENGTH = 120  # characters of a run folder's name, the 8 hex digits included
 
 

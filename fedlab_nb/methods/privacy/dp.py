@@ -169,8 +169,9 @@ def _aggregated_ids(info, K: int, rows: int) -> np.ndarray:
 
 def _round_ids(info, K: int, rows: int) -> np.ndarray:
     """The ids the sampling tests see, checked (a custom server loop builds RoundInfo by hand): the sampler's whole
-    draw `info.sampled`, distinct ids in 0 … K-1, with every aggregated client in it. Only a whole draw shows a sampler
-    that rests clients or keeps them apart: with the aggregated clients alone it looks like a fair one after drops."""
+    draw `info.sampled`, distinct ids in 0 … K-1, with every aggregated client in it. Only a whole draw shows a
+    sampler that rests clients or keeps them apart: with the aggregated clients alone it looks like a fair one after
+    drops."""
     aggregated = _aggregated_ids(info, K, rows)
     if info.sampled is None:
         raise ValueError(f"round {info.round + 1}: DPAggregate needs the sampler's whole draw as RoundInfo.sampled "

@@ -16,9 +16,9 @@ non-finite only makes either test less likely to fire):
 * kept for another round — a client in both rounds of more of the disjoint round pairs (1, 2), (3, 4), … (or
   (2, 3), (4, 5), …) than Binomial(pairs, q²) allows: a sample reused for a second round (a cached draw, a
   generator seeded by r // 2) counts as two compositions in the accountant but amplifies like one.
-* rested after a round — fewer clients in both rounds of the disjoint round pairs than independent rounds give
-  (whole draws only: a drop looks the same): a cool-down or clients taking turns draw a client at more than q in
-  the rounds it can be drawn in.
+* rested after a round — one client, or all together, in both rounds of fewer disjoint round pairs (t, t + ℓ),
+  ℓ = 1 … 8, than independent rounds give (whole draws only: a drop looks the same): a cool-down or clients taking
+  turns draw a client at more than q in the rounds it can be drawn in.
 * together too often — two clients in more rounds together than Binomial(n, p₂) allows (clients drawn in
   groups, which the amplification by sampling does not cover); counted over up to 512 clients (a fixed random
   subset when K is larger, so a pairing of every client is met by some pair in it).
@@ -35,6 +35,7 @@ from scipy.stats import binom
 
 PAIR_CLIENTS = 512      # the pair counts are a PAIR_CLIENTS² table in the rule's state (1 MiB)
 REFUSE_BELOW = 1e-9     # a fair sampler is refused at most once in 10⁹ checks
+LAGS = 8                # a client rested 1 … LAGS rounds after it took part is looked for
 
 
 def init_state(num_clients: int) -> dict:
@@ -43,7 +44,9 @@ def init_state(num_clients: int) -> dict:
     return {"walk_dev": torch.zeros(num_clients, dtype=torch.float64), "pair_ids": chosen,
             "pairs": torch.zeros(len(chosen), len(chosen), dtype=torch.int32), "pair_rounds": 0,
             "last": torch.zeros(num_clients, dtype=torch.bool),          # who was in the previous round
-            "repeats": torch.zeros(2, num_clients, dtype=torch.int64)}   # in both rounds of a pair, per alignment
+            "repeats": torch.zeros(2, num_clients, dtype=torch.int64),   # in both rounds of a pair, per alignment
+            "recent": torch.zeros(LAGS, num_clients, dtype=torch.bool),  # who was in each of the last LAGS rounds
+            "lag_both": torch.zeros(LAGS, num_clients, dtype=torch.int64)}  # in both rounds of a lag-ℓ pair
 
 
 def check_state(tests, num_clients: int) -> None:
@@ -55,7 +58,9 @@ def check_state(tests, num_clients: int) -> None:
           and _tensor_like(tests.get("pairs"), (len(ids), len(ids)), torch.int32)
           and type(tests.get("pair_rounds")) is int and tests["pair_rounds"] >= 0
           and _tensor_like(tests.get("last"), (num_clients,), torch.bool)
-          and _tensor_like(tests.get("repeats"), (2, num_clients), torch.int64))
+          and _tensor_like(tests.get("repeats"), (2, num_clients), torch.int64)
+          and _tensor_like(tests.get("recent"), (LAGS, num_clients), torch.bool)
+          and _tensor_like(tests.get("lag_both"), (LAGS, num_clients), torch.int64))
     if not ok:
         raise ValueError("the DP rule's sampling-test state (seen_tests) does not fit this run's clients: the "
                          "checkpoint was altered or written by another version; delete it or pass resume=False")
@@ -88,6 +93,11 @@ def observe(state: dict, ids: torch.Tensor, counts: torch.Tensor, rounds: int, q
         state["repeats"] = state["repeats"].clone()
         state["repeats"][rounds % 2] += (now & state["last"]).long()
     state["last"] = now
+    state["lag_both"] = state["lag_both"].clone()
+    for lag in range(1, LAGS + 1):  # blocks of 2ℓ rounds pair each of their first ℓ rounds with the one ℓ later
+        if (rounds - 1) % (2 * lag) >= lag:
+            state["lag_both"][lag - 1] += (now & state["recent"][lag - 1]).long()
+    state["recent"] = torch.cat([now[None], state["recent"][:-1]])
 
 
 def refusal(state: dict, counts: torch.Tensor, rounds: int, q: float, p2: float) -> str | None:
@@ -104,33 +114,57 @@ def refusal_of_draws(state: dict, rounds: int, num_clients: int, q: float, p2: f
     sizes stay too narrow (never more than one client, never an empty round)."""
     if q >= 1:
         return None
-    return (_too_rarely_together(state, p2) or _rested_after_a_round(state["repeats"], rounds, num_clients, q, sizes)
+    return (_too_rarely_together(state, p2) or _rested_after_a_round(state, rounds, num_clients, q, sizes is not None)
             or (sizes and _sizes_too_narrow(*sizes, rounds, num_clients, q)))
 
 
-def _rested_after_a_round(repeats: torch.Tensor, n: int, K: int, q: float, sizes) -> str | None:
-    """Too few clients in both rounds of the disjoint round pairs: a sampler that rests a client after it takes
-    part (a cool-down, clients taking turns) draws it at more than q in the rounds it can be drawn in. Over all K
-    clients and P pairs the count is Binomial(KP, q²) under Poisson sampling; under a uniform m of K it is a sum of
-    P hypergeometric overlaps, below the Chernoff bound of Binomial(Pm, m/K) (Hoeffding 1963, Theorem 4)."""
-    poisson = sizes is not None  # refusal_of_draws passes the draw sizes under Poisson sampling only
-    for alignment in (0, 1):
-        both, pairs = int(repeats[alignment].sum()), (n - alignment) // 2
-        trials, p = (K * pairs, q * q) if poisson else (pairs * round(q * K), round(q * K) / K)
-        if trials < 1 or not 0 < p < 1 or both >= trials * p:
+def _lag_pairs(lag: int, n: int) -> int:
+    """How many disjoint (t, t + ℓ) round pairs the first n rounds complete: ℓ per block of 2ℓ rounds."""
+    return lag * (n // (2 * lag)) + max(0, n % (2 * lag) - lag)
+
+
+def _rested_after_a_round(state: dict, n: int, K: int, q: float, poisson: bool) -> str | None:
+    """Too few clients in both rounds of the disjoint round pairs (t, t + ℓ), ℓ = 1 … LAGS: a sampler that rests a
+    client ℓ rounds after it takes part (a cool-down, clients taking turns) draws it at more than q in the rounds it
+    can be drawn in. Per client, each pair holds it twice with probability p₁² (p₁ = q, or m/K for a fixed size m),
+    independently: Binomial(P, p₁²), exact. Over all clients the count is Binomial(KP, q²) under Poisson sampling,
+    and under a fixed size a sum of P hypergeometric overlaps, below the Chernoff bound of Binomial(Pm, m/K)
+    (Hoeffding 1963, Theorem 4). Checked at n = 8, 12, 16, 24, … (`_checked`), with a union bound over the K + 1
+    counts, the lags and those checks."""
+    if not _checked(n):
+        return None
+    m = round(q * K)
+    p1 = q if poisson else m / K
+    checks = (K + 1) * LAGS * 2 * math.log2(n)  # ≤ 2 log₂ n checks so far
+    for lag in range(1, LAGS + 1):
+        pairs, both = _lag_pairs(lag, n), state["lag_both"][lag - 1]
+        if pairs < 1 or not 0 < p1 < 1:
             continue
-        if poisson:
-            tail = float(binom.cdf(both, trials, p))
-        else:
-            a = both / trials
-            tail = math.exp(-trials * ((a * math.log(a / p) if a > 0 else 0.0) + (1 - a) * math.log((1 - a) / (1 - p))))
-        if tail * 2 * n < REFUSE_BELOW:  # two alignments, ≤ n checks each
-            first = 1 + alignment
-            return (f"only {both} times was a client in both rounds of the {pairs} round pairs ({first}, {first + 1}), "
-                    f"({first + 2}, {first + 3}), … where independent rounds give about {trials * p:.1f}: the sampler "
-                    "rests a client after it takes part (a cool-down, clients taking turns), so it draws the others at "
-                    "more than q, and the reported ε, which counts independent rounds at rate q, would not hold")
+        client = int(both.argmin())
+        fewest, total = int(both[client]), int(both.sum())
+        trials, p = (K * pairs, q * q) if poisson else (pairs * m, m / K)
+        every = 1.0 if total >= trials * p else float(binom.cdf(total, trials, p)) if poisson else \
+            _chernoff_below(total, trials, p)
+        one = float(binom.cdf(fewest, pairs, p1 * p1)) if fewest < pairs * p1 * p1 else 1.0
+        if min(every, one) * checks >= REFUSE_BELOW:
+            continue
+        whose = (f"client {client} was in both rounds of only {fewest} of the {pairs} round pairs {lag} apart, where "
+                 f"independent rounds give about {pairs * p1 * p1:.1f}" if one <= every else
+                 f"the clients were in both rounds of a pair {lag} apart only {total} times over {pairs} pairs, where "
+                 f"independent rounds give about {trials * p:.1f}")
+        return (f"{whose}: the sampler rests a client {lag} round{'s' if lag > 1 else ''} after it takes part (a "
+                "cool-down, clients taking turns), so it draws it at more than q when it can be drawn, and the "
+                "reported ε, which counts independent rounds at rate q, would not hold")
     return None
+
+
+def _chernoff_below(x: int, trials: int, p: float) -> float:
+    """exp(−N·KL(x/N ‖ p)) ≥ P(Binomial(N, p) ≤ x) for x < Np, and for any sum the binomial dominates in convex
+    order (a sum of independent hypergeometric overlaps)."""
+    a = x / trials
+    if a >= p:
+        return 1.0
+    return math.exp(-trials * ((a * math.log(a / p) if a > 0 else 0.0) + (1 - a) * math.log((1 - a) / (1 - p))))
 
 
 def _too_rarely_together(state: dict, p2: float) -> str | None:
