@@ -164,3 +164,21 @@ def journal_unlink_fails(monkeypatch):
             raise OSError(errno.EIO, "Input/output error", str(self))
         return real(self, *a, **k)
     monkeypatch.setattr(Path, "unlink", unlink)
+
+
+def registered_methods(flower: bool = False) -> list[str]:
+    """The registered methods a bare factory call builds (no model or data of their own); `flower`: only those the
+    Flower adapter runs."""
+    import fedlab_nb.methods  # noqa: F401 (registers every method)
+    from fedlab_nb.core.registry import REGISTRY
+    out = []
+    for name, entry in sorted(REGISTRY.items()):
+        if entry.kind != "method":
+            continue
+        try:
+            method = entry.factory()
+        except (TypeError, ValueError):  # needs a model or data of its own
+            continue
+        if isinstance(method, fl.Method) and (not flower or getattr(method, "flower_compatible", True)):
+            out.append(name)
+    return out

@@ -18,7 +18,7 @@ import torch
 
 from probes import cli, fed10, root_copy  # noqa: F401 (fed10: a fixture)
 from probes import numbered_finding as F_
-from probes import one_line_error
+from probes import one_line_error, registered_methods
 from test_probe42r import _first_result, _snapshot, _stand_in
 from test_probe42s import _failing_publish, _results_of, _second_run
 
@@ -405,30 +405,13 @@ def test_fixed_size_dp_epsilon_and_theta_agree_between_simulate_and_simulate_see
 
 
 # ================================================================================ (B) seed_batchable, every method
-def _registered_methods():
-    import fedlab_nb as fl
-    import fedlab_nb.methods  # noqa: F401 (registers every method)
-    from fedlab_nb.core.registry import REGISTRY
-    out = []
-    for name, entry in sorted(REGISTRY.items()):
-        if entry.kind != "method":
-            continue
-        try:
-            method = entry.factory()
-        except (TypeError, ValueError):  # needs a model or data of its own
-            continue
-        if isinstance(method, fl.Method):
-            out.append(name)
-    return out
-
-
 def test_every_method_simulate_seeds_accepts_equals_simulate_per_seed():  # held
     import fedlab_nb as fl
     from fedlab_nb.engine.seeds import seed_batchable, simulate_seeds
     fed = fl.federate("digits", "dirichlet", n_clients=6, alpha=0.5, seed=0)
     kw = dict(local_steps=2, batch_size=8, lr=0.05, eval_every=1)
     checked = []
-    for name in _registered_methods():
+    for name in registered_methods():
         if seed_batchable(fl.get_method(name)) is not None or name == "fedgp":  # fedgp needs its target every round
             continue
         hs = simulate_seeds(fl.get_method(name), fed, "logreg", seeds=[1, 4], rounds=3, clients_per_round=3, **kw)

@@ -12,7 +12,7 @@ import torch
 
 from probes import cli, fed10, root_copy, sampling_check_run  # noqa: F401 (fed10: a fixture)
 from probes import numbered_finding as F_
-from probes import CONTROL, flower_reply
+from probes import CONTROL, flower_reply, registered_methods
 
 
 def _strategy(fed, name, **kw):
@@ -36,28 +36,11 @@ def _client_steps(s, k, r=0):
     return len(jobs[0].batches)
 
 
-def _methods():
-    import fedlab_nb as fl
-    import fedlab_nb.methods  # noqa: F401 (registers every method)
-    from fedlab_nb.core.registry import REGISTRY
-    out = []
-    for name, entry in sorted(REGISTRY.items()):
-        if entry.kind != "method":
-            continue
-        try:
-            method = entry.factory()
-        except (TypeError, ValueError):
-            continue
-        if isinstance(method, fl.Method) and getattr(method, "flower_compatible", True):
-            out.append(name)
-    return out
-
-
 # ================================================================================ (A) honest clients, every shape
 @pytest.mark.parametrize("shape", [{}, {"local_steps": 3}, {"local_epochs": 2}], ids=["E=1", "local_steps=3", "E=2"])
 def test_every_methods_honest_client_reports_the_steps_the_server_expects(fed10, shape):  # held
     wrong = {}
-    for name in _methods():
+    for name in registered_methods(flower=True):
         try:
             s = _strategy(fed10, name, **shape)
         except (TypeError, ValueError):  # needs another model or data

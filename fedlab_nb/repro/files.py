@@ -291,7 +291,7 @@ def recover_publishes(out_dir) -> None:
     out_dir, unfollowed = Path(out_dir), []
     mention_kept(out_dir)
     for folder in out_dir.glob(".*.running"):
-        paper, _, scale = folder.name[1:].rsplit(".", 2)[0].partition("-")  # .<paper>-<scale>.<random>.running
+        paper, scale = _paper_and_scale(folder)
         if not paper.isidentifier() or not (folder / JOURNAL).is_file():  # paper ids hold no '-'
             continue
         with contextlib.suppress(ReproError, OSError):
@@ -359,8 +359,13 @@ def mention_kept(out_dir, stem: str = "*") -> None:
 
 def _retired_folder(path: Path) -> bool:
     """Whether `path` may be a folder `_retire` made: a real folder (not a link, not a file) of a paper's stem."""
-    paper = path.name[1:].rsplit(".", 2)[0].partition("-")[0]
-    return path.is_dir() and not path.is_symlink() and paper.isidentifier()
+    return path.is_dir() and not path.is_symlink() and _paper_and_scale(path)[0].isidentifier()
+
+
+def _paper_and_scale(folder: Path) -> tuple[str, str]:
+    """(paper, scale) of a staging or kept folder `.<paper>-<scale>.<random>.running|kept` (paper ids hold no '-')."""
+    paper, _, scale = folder.name[1:].rsplit(".", 2)[0].partition("-")
+    return paper, scale
 
 
 def _warn_unfollowed(folders: list) -> None:

@@ -43,9 +43,8 @@ def init_state(num_clients: int) -> dict:
     chosen = pair_clients(num_clients)
     return {"walk_dev": torch.zeros(num_clients, dtype=torch.float64), "pair_ids": chosen,
             "pairs": torch.zeros(len(chosen), len(chosen), dtype=torch.int32), "pair_rounds": 0,
-            "last": torch.zeros(num_clients, dtype=torch.bool),          # who was in the previous round
             "repeats": torch.zeros(2, num_clients, dtype=torch.int64),   # in both rounds of a pair, per alignment
-            "recent": torch.zeros(LAGS, num_clients, dtype=torch.bool),  # who was in each of the last LAGS rounds
+            "recent": torch.zeros(LAGS, num_clients, dtype=torch.bool),  # who was in each of the last rounds
             "lag_both": torch.zeros(LAGS, num_clients, dtype=torch.int64)}  # in both rounds of a lag-ℓ pair
 
 
@@ -57,7 +56,6 @@ def check_state(tests, num_clients: int) -> None:
           and _tensor_like(tests.get("walk_dev"), (num_clients,), torch.float64)
           and _tensor_like(tests.get("pairs"), (len(ids), len(ids)), torch.int32)
           and type(tests.get("pair_rounds")) is int and tests["pair_rounds"] >= 0
-          and _tensor_like(tests.get("last"), (num_clients,), torch.bool)
           and _tensor_like(tests.get("repeats"), (2, num_clients), torch.int64)
           and _tensor_like(tests.get("recent"), (LAGS, num_clients), torch.bool)
           and _tensor_like(tests.get("lag_both"), (LAGS, num_clients), torch.int64))
@@ -87,12 +85,11 @@ def observe(state: dict, ids: torch.Tensor, counts: torch.Tensor, rounds: int, q
     at = at[chosen[at] == ids]
     state["pairs"][at[:, None], at[None, :]] += 1
     state["pair_rounds"] += 1
-    now = torch.zeros_like(state["last"])
+    now = torch.zeros(len(counts), dtype=torch.bool)
     now[ids] = True
     if rounds >= 2:  # rounds (rounds − 1, rounds) are a pair of alignment rounds % 2
         state["repeats"] = state["repeats"].clone()
-        state["repeats"][rounds % 2] += (now & state["last"]).long()
-    state["last"] = now
+        state["repeats"][rounds % 2] += (now & state["recent"][0]).long()
     state["lag_both"] = state["lag_both"].clone()
     for lag in range(1, LAGS + 1):  # blocks of 2ℓ rounds pair each of their first ℓ rounds with the one ℓ later
         if (rounds - 1) % (2 * lag) >= lag:
